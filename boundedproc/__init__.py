@@ -1,0 +1,28 @@
+"""boundedproc: run commands you did not write, bounded and killed as a group.
+
+    >>> from boundedproc import run
+    >>> r = run(["echo", "hi"], timeout=5)
+    >>> r.exit_code, r.stdout
+    (0, b'hi\\n')
+"""
+
+from boundedproc._native import (
+    CANCEL_EXIT_CODE,
+    DEADLINE_EXIT_CODE,
+    SPAWN_FAILURE_EXIT_CODE,
+)
+from boundedproc._result import ProcessFailed, Result
+from boundedproc._run import Cancel, Limits, run
+from boundedproc._version import __version__
+
+__all__ = [
+    "CANCEL_EXIT_CODE",
+    "DEADLINE_EXIT_CODE",
+    "SPAWN_FAILURE_EXIT_CODE",
+    "Cancel",
+    "Limits",
+    "ProcessFailed",
+    "Result",
+    "run",
+    "__version__",
+]

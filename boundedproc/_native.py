@@ -1,0 +1,333 @@
+"""The one module that touches the compiled core.
+
+It turns validated Python values into ``struct bp_spec``, drives the run
+(``bp_start`` / ``bp_wait`` / ``bp_free``) and turns ``struct bp_result`` into
+a plain frozen dataclass at once, so no cffi object escapes this module.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from boundedproc._bp import ffi, lib
+from boundedproc._version import __version__
+
+DEADLINE_EXIT_CODE: int = lib.BP_DEADLINE_EXIT_CODE
+CANCEL_EXIT_CODE: int = lib.BP_CANCEL_EXIT_CODE
+SPAWN_FAILURE_EXIT_CODE: int = lib.BP_SPAWN_FAILURE_EXIT_CODE
+CANNOT_EXECUTE_EXIT_CODE: int = lib.BP_CANNOT_EXECUTE_EXIT_CODE
+
+RLIMIT_CPU: int = lib.BP_RLIMIT_CPU
+RLIMIT_AS: int = lib.BP_RLIMIT_AS
+RLIMIT_NPROC: int = lib.BP_RLIMIT_NPROC
+RLIMIT_FSIZE: int = lib.BP_RLIMIT_FSIZE
+RLIMIT_NOFILE: int = lib.BP_RLIMIT_NOFILE
+NRLIMITS: int = lib.BP_NRLIMITS
+
+WATCH_AUTO: int = lib.BP_WATCH_AUTO
+WATCH_PIDFD: int = lib.BP_WATCH_PIDFD
+WATCH_THREAD: int = lib.BP_WATCH_THREAD
+
+END_EXIT: int = lib.BP_END_EXIT
+END_DEADLINE: int = lib.BP_END_DEADLINE
+END_CANCEL: int = lib.BP_END_CANCEL
+END_OVERFLOW: int = lib.BP_END_OVERFLOW
+
+_STAGES = {
+    lib.BP_STAGE_PIPE: "pipe",
+    lib.BP_STAGE_FORK: "vfork",
+    lib.BP_STAGE_SETSID: "setsid",
+    lib.BP_STAGE_DUP: "dup2",
+    lib.BP_STAGE_CHDIR: "chdir",
+    lib.BP_STAGE_RLIMIT: "setrlimit",
+    lib.BP_STAGE_EXEC: "execve",
+    lib.BP_STAGE_ALLOC: "malloc",
+    lib.BP_STAGE_POLL: "poll",
+    lib.BP_STAGE_READ: "read",
+    lib.BP_STAGE_WRITE: "write",
+    lib.BP_STAGE_WAIT: "wait4",
+    lib.BP_STAGE_KILL: "kill",
+    lib.BP_STAGE_PIDFD: "pidfd_open",
+    lib.BP_STAGE_THREAD: "pthread_create",
+    lib.BP_STAGE_PRCTL: "prctl",
+    lib.BP_STAGE_SUPERVISOR: "supervisor",
+}
+
+
+def core_version() -> str:
+    """The version compiled into the C core (must equal the package's)."""
+    return str(ffi.string(lib.bp_version()).decode("ascii"))
+
+
+if core_version() != __version__:  # pragma: no cover - only on a stale build
+    raise ImportError(
+        f"boundedproc's compiled core is version {core_version()}, the package is "
+        f"{__version__}: rebuild it (pip install .)"
+    )
+
+
+def pidfd_supported() -> bool:
+    """Whether this kernel gives pidfds (Linux 5.3 and later)."""
+    return bool(lib.bp_pidfd_supported())
+
+
+def stage_name(stage: int) -> str:
+    """The syscall a ``BP_STAGE_*`` value names."""
+    return _STAGES.get(stage, f"stage {stage}")
+
+
+def errno_name(err: int) -> str:
+    """``ENOENT`` for 2, and so on."""
+    return _errno.errorcode.get(err, f"errno {err}")
+
+
+def assert_never_state(condition: bool, what: str) -> None:
+    """The one helper for the runner's own impossible states.
+
+    Raises:
+        RuntimeError: when ``condition`` is false; it means a bug in boundedproc.
+    """
+    if not condition:
+        raise RuntimeError(f"boundedproc internal error: {what}")
+
+
+@dataclass(frozen=True, slots=True)
+class NativeSpec:
+    """Validated, encoded inputs of one run; every field is ready for C."""
+
+    argv: Sequence[bytes]
+    exec_paths: Sequence[bytes]
+    envp: Optional[Sequence[bytes]]  # None: the caller's own environment
+    cwd: Optional[bytes]
+    stdin: bytes
+    timeout_ns: int  # < 0: none
+    max_output: int  # < 0: none
+    overflow_kill: bool
+    merge_stderr: bool
+    cancel_fd: int  # -1: none
+    kill_grace_ns: int
+    drain_grace_ns: int
+    rlimits_soft: Sequence[int]
+    rlimits_hard: Sequence[int]
+    exit_watch: int = WATCH_AUTO
+    contain: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NativeOutcome:
+    """What the core reported, as plain Python values."""
+
+    spawned: bool
+    pid: int
+    exit_code: int
+    term_signal: int
+    end_reason: int
+    timed_out: bool
+    cancelled: bool
+    output_truncated: bool
+    escaped: bool
+    stdin_delivered: bool
+    stdin_written: int
+    err_stage: int
+    err_errno: int
+    output_bytes: int
+    stdout: bytes
+    stderr: bytes
+    user_time: float
+    system_time: float
+    max_rss: int
+    exit_watch: int
+
+
+# --- waking the poll loop for signals ------------------------------------------------
+#
+# A signal with a Python handler (SIGINT's KeyboardInterrupt above all) must end a
+# run promptly even when the kernel delivers it to another thread.  In the main
+# thread the run borrows Python's wakeup fd: the C handler writes the signal number
+# there, poll() wakes, bp_wait returns BP_AGAIN, and the handler runs at the next
+# bytecode.  Bytes read back are forwarded to the wakeup fd that was set before
+# (asyncio's, say), so no registered handler loses its wakeup.
+
+_wake_lock = threading.Lock()
+_wake_pipe: Optional[tuple[int, int]] = None
+
+
+def _reset_wake_pipe_after_fork() -> None:
+    global _wake_pipe
+    _wake_pipe = None
+
+
+os.register_at_fork(after_in_child=_reset_wake_pipe_after_fork)
+
+
+def _get_wake_pipe() -> tuple[int, int]:
+    global _wake_pipe
+    with _wake_lock:
+        if _wake_pipe is None:
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+            _wake_pipe = (r, w)
+        return _wake_pipe
+
+
+class _Wakeup:
+    """Borrow the signal wakeup fd for the duration of a run (main thread only)."""
+
+    __slots__ = ("fd", "_old", "_r")
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self._old = -1
+        self._r = -1
+
+    def __enter__(self) -> "_Wakeup":
+        if threading.current_thread() is threading.main_thread():
+            r, w = _get_wake_pipe()
+            try:
+                self._old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+            except ValueError:
+                return self
+            self.fd = self._r = r
+        return self
+
+    def drain(self) -> None:
+        if self._r < 0:
+            return
+        while True:
+            try:
+                data = os.read(self._r, 512)
+            except (BlockingIOError, InterruptedError):
+                return
+            if not data:
+                return
+            if self._old >= 0:
+                try:
+                    os.write(self._old, data)
+                except OSError:
+                    pass
+
+    def __exit__(self, *exc: object) -> None:
+        if self._r < 0:
+            return
+        try:
+            signal.set_wakeup_fd(self._old)
+        except ValueError:  # pragma: no cover - the old fd was closed meanwhile
+            signal.set_wakeup_fd(-1)
+        self.drain()
+
+
+def _cstrings(items: Sequence[bytes], keep: list[object]) -> object:
+    arr = ffi.new("char *[]", len(items) + 1)
+    for i, item in enumerate(items):
+        s = ffi.new("char[]", item)
+        keep.append(s)
+        arr[i] = s
+    arr[len(items)] = ffi.NULL
+    keep.append(arr)
+    return arr
+
+
+def _take(run: object, stream: int, length: int) -> bytes:
+    if length == 0:
+        return b""
+    # The core copies straight into the final bytes object, releasing its own copy
+    # as it goes, so a large capture is never resident twice.  The object is fresh
+    # and referenced only here, so filling it in place is safe.
+    out = bytes(length)
+    rc = lib.bp_take_output(run, stream, ffi.from_buffer(out), length)
+    assert_never_state(rc == 0, f"bp_take_output refused stream {stream} of {length} bytes")
+    return out
+
+
+def execute(spec: NativeSpec) -> NativeOutcome:
+    """Spawn and wait for one command.
+
+    Returns:
+        The core's report, with the kept output.
+
+    Raises:
+        MemoryError: the core could not allocate its run handle or a buffer.
+        OSError: poll() itself failed (never because of the command).
+        KeyboardInterrupt: and any exception a signal handler raises: the group
+            has been killed and the leader reaped before it propagates.
+    """
+    keep: list[object] = []
+    c = ffi.new("struct bp_spec *")
+    c.argv = _cstrings(spec.argv, keep)
+    c.exec_paths = _cstrings(spec.exec_paths, keep)
+    c.envp = ffi.NULL if spec.envp is None else _cstrings(spec.envp, keep)
+    if spec.cwd is not None:
+        cwd = ffi.new("char[]", spec.cwd)
+        keep.append(cwd)
+        c.cwd = cwd
+    if spec.stdin:
+        data = ffi.from_buffer(spec.stdin)
+        keep.append(data)
+        c.stdin_data = data
+        c.stdin_len = len(spec.stdin)
+    c.timeout_ns = spec.timeout_ns
+    c.max_output = spec.max_output
+    c.overflow_kill = int(spec.overflow_kill)
+    c.merge_stderr = int(spec.merge_stderr)
+    c.cancel_fd = spec.cancel_fd
+    c.kill_grace_ns = spec.kill_grace_ns
+    c.drain_grace_ns = spec.drain_grace_ns
+    c.exit_watch = spec.exit_watch
+    c.contain = int(spec.contain)
+    for i in range(NRLIMITS):
+        c.rlimits_soft[i] = spec.rlimits_soft[i]
+        c.rlimits_hard[i] = spec.rlimits_hard[i]
+
+    res = ffi.new("struct bp_result *")
+    handle = ffi.new("struct bp_run **")
+    with _Wakeup() as wake:
+        c.wake_fd = wake.fd
+        if lib.bp_start(c, res, handle) < 0:
+            raise MemoryError("boundedproc: cannot allocate a run handle")
+        run = handle[0]
+        try:
+            while True:
+                rc = lib.bp_wait(run)
+                if rc == lib.BP_DONE:
+                    break
+                if rc < 0:
+                    if res.err_stage == lib.BP_STAGE_ALLOC:
+                        raise MemoryError("boundedproc: cannot grow an output buffer")
+                    raise OSError(
+                        res.err_errno,
+                        f"boundedproc: {stage_name(res.err_stage)} failed: "
+                        f"{os.strerror(res.err_errno)}",
+                    )
+                wake.drain()  # BP_AGAIN: pending handlers run at the next bytecode
+            stdout = _take(run, lib.BP_STDOUT, res.stdout_len)
+            stderr = _take(run, lib.BP_STDERR, res.stderr_len)
+        finally:
+            lib.bp_free(run)  # kills and reaps a run that an exception interrupted
+    return NativeOutcome(
+        spawned=bool(res.spawned),
+        pid=res.pid,
+        exit_code=res.exit_code,
+        term_signal=res.term_signal,
+        end_reason=res.end_reason,
+        timed_out=bool(res.timed_out),
+        cancelled=bool(res.cancelled),
+        output_truncated=bool(res.output_truncated),
+        escaped=bool(res.escaped),
+        stdin_delivered=bool(res.stdin_delivered),
+        stdin_written=res.stdin_written,
+        err_stage=res.err_stage,
+        err_errno=res.err_errno,
+        output_bytes=res.output_bytes,
+        stdout=stdout,
+        stderr=stderr,
+        user_time=res.user_time,
+        system_time=res.system_time,
+        max_rss=res.max_rss,
+        exit_watch=res.exit_watch,
+    )

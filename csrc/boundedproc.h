@@ -1,0 +1,132 @@
+/*
+ * boundedproc.h: the public interface of the C core.
+ *
+ * This file is read twice: by the C compiler (through bp_internal.h) and by
+ * cffi's cdef (csrc/build_ffi.py).  cdef understands only declarations and
+ * integer #defines, so this header holds nothing else: no include guards, no
+ * #include, no function-like macros.  Types are limited to those cffi knows
+ * natively (int, int64_t, uint64_t, size_t, double, char pointers).
+ *
+ * Lifecycle of one run:
+ *   bp_start()  validates nothing (Python did), spawns the child and returns a
+ *               run handle, or 0 with res->spawned == 0 when the OS refused.
+ *   bp_wait()   drives the poll loop; returns BP_AGAIN when a signal or the
+ *               wake fd interrupted it, so the caller can run its handlers and
+ *               call again, BP_DONE when the run is over and reaped.
+ *   bp_abort()  ends the run at once (group SIGKILL, reap), for a caller that
+ *               is unwinding.  Idempotent, safe after BP_DONE.
+ *   bp_take_output() copies one stream's kept bytes into caller memory and
+ *               releases the core's copy as it goes.
+ *   bp_free()   releases the handle; calls bp_abort() first if needed.
+ */
+
+/* Exit codes reported for runs the runner ended (see SPEC 2.4). */
+#define BP_DEADLINE_EXIT_CODE 124
+#define BP_CANCEL_EXIT_CODE 137
+#define BP_OVERFLOW_EXIT_CODE 137
+#define BP_SPAWN_FAILURE_EXIT_CODE 127
+#define BP_CANNOT_EXECUTE_EXIT_CODE 126
+
+/* bp_wait() return values (besides -1). */
+#define BP_DONE 0
+#define BP_AGAIN 1
+
+/* Why the run ended. */
+#define BP_END_NONE 0
+#define BP_END_EXIT 1
+#define BP_END_DEADLINE 2
+#define BP_END_CANCEL 3
+#define BP_END_OVERFLOW 4
+#define BP_END_ABORT 5
+
+/* The stage that failed, stored beside errno in bp_result.err_stage. */
+#define BP_STAGE_NONE 0
+#define BP_STAGE_PIPE 1
+#define BP_STAGE_FORK 2
+#define BP_STAGE_SETSID 3
+#define BP_STAGE_DUP 4
+#define BP_STAGE_CHDIR 5
+#define BP_STAGE_RLIMIT 6
+#define BP_STAGE_EXEC 7
+#define BP_STAGE_ALLOC 8
+#define BP_STAGE_POLL 9
+#define BP_STAGE_READ 10
+#define BP_STAGE_WRITE 11
+#define BP_STAGE_WAIT 12
+#define BP_STAGE_KILL 13
+#define BP_STAGE_PIDFD 14
+#define BP_STAGE_THREAD 15
+#define BP_STAGE_PRCTL 16
+#define BP_STAGE_SUPERVISOR 17
+
+/* Streams for bp_take_output(). */
+#define BP_STDOUT 1
+#define BP_STDERR 2
+
+/* Indices into bp_spec.rlimits; a value < 0 leaves that limit alone. */
+#define BP_RLIMIT_CPU 0
+#define BP_RLIMIT_AS 1
+#define BP_RLIMIT_NPROC 2
+#define BP_RLIMIT_FSIZE 3
+#define BP_RLIMIT_NOFILE 4
+#define BP_NRLIMITS 5
+
+/* How the leader's exit is watched; bp_spec.exit_watch. */
+#define BP_WATCH_AUTO 0
+#define BP_WATCH_PIDFD 1
+#define BP_WATCH_THREAD 2
+
+struct bp_spec {
+    char *const *exec_paths;      /* NULL-terminated candidates for execve, tried in order */
+    char *const *argv;            /* NULL-terminated argument vector */
+    char *const *envp;            /* NULL-terminated, the child's whole environment; NULL: the caller's */
+    const char *cwd;              /* NULL: the caller's */
+    const unsigned char *stdin_data; /* payload, may be NULL when stdin_len == 0 */
+    size_t stdin_len;
+    int64_t timeout_ns;           /* < 0: no deadline */
+    int64_t max_output;           /* < 0: no cap; counts stdout and stderr together */
+    int overflow_kill;            /* past the cap: 0 discard and go on, 1 kill the group */
+    int merge_stderr;             /* child's stderr is its stdout pipe */
+    int cancel_fd;                /* readable means cancelled; -1: none */
+    int wake_fd;                  /* readable means return BP_AGAIN; -1: none */
+    int64_t kill_grace_ns;        /* SIGTERM, then SIGKILL after this; 0: SIGKILL at once */
+    int64_t drain_grace_ns;       /* after the reap, read pipes at most this long */
+    int exit_watch;               /* BP_WATCH_*: AUTO picks pidfd where the kernel has it */
+    int contain;                  /* reserved for the containment supervisor */
+    int64_t rlimits_soft[5];      /* BP_NRLIMITS entries, < 0: unchanged */
+    int64_t rlimits_hard[5];
+};
+
+struct bp_result {
+    int spawned;                  /* the child exec'd */
+    int pid;                      /* the leader's pid, 0 when not spawned */
+    int exit_code;                /* per SPEC 2.4 */
+    int term_signal;              /* signal that ended the leader, 0: none */
+    int end_reason;               /* BP_END_* */
+    int timed_out;
+    int cancelled;
+    int output_truncated;
+    int escaped;
+    int stdin_delivered;
+    int err_stage;                /* BP_STAGE_* of the first failure, 0: none */
+    int err_errno;                /* errno saved at that failure */
+    uint64_t output_bytes;        /* all bytes read, kept and discarded */
+    uint64_t stdin_written;
+    uint64_t stdout_len;          /* kept bytes, available to bp_take_output */
+    uint64_t stderr_len;
+    double user_time;
+    double system_time;
+    int64_t max_rss;              /* bytes */
+    int exit_watch;               /* BP_WATCH_* actually used */
+};
+
+struct bp_run;
+
+const char *bp_version(void);
+int bp_pidfd_supported(void);
+int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_run **out);
+int bp_wait(struct bp_run *run);
+void bp_abort(struct bp_run *run);
+int bp_take_output(struct bp_run *run, int stream, unsigned char *dest, size_t len);
+void bp_free(struct bp_run *run);
+int bp_group_alive(int pgid, int leader);

@@ -1,0 +1,78 @@
+/*
+ * bp_internal.h: what the C files of the core share and nobody else sees.
+ */
+#ifndef BP_INTERNAL_H
+#define BP_INTERNAL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1
+#endif
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "boundedproc.h"
+
+#ifndef BP_VERSION
+#define BP_VERSION "unknown"
+#endif
+
+/* One output stream being captured. */
+struct bp_stream {
+    int fd;                 /* parent's read end, -1 once at EOF or closed */
+    unsigned char *buf;     /* kept bytes */
+    size_t len;
+    size_t cap;
+    int mapped;             /* buf came from mmap (Linux), not malloc */
+};
+
+/* Where the run is in its lifecycle. */
+enum bp_phase {
+    BP_PHASE_RUNNING = 0,   /* leader alive, no end decided */
+    BP_PHASE_GRACE,         /* SIGTERM sent, waiting for kill_grace or an empty group */
+    BP_PHASE_DRAIN,         /* leader reaped, reading what is left in the pipes */
+    BP_PHASE_DONE
+};
+
+struct bp_run {
+    struct bp_result *res;
+    const struct bp_spec *spec;
+    enum bp_phase phase;
+    pid_t pid;
+    int reaped;
+    int leader_exited;      /* exit observed (pidfd or watcher), not yet reaped */
+    int exit_fd;            /* pidfd, or the watcher thread's pipe; -1: none */
+    int watch_pipe_w;       /* watcher thread's write end, -1 with pidfd */
+    pthread_t watcher;
+    int watcher_started;
+    int stdin_fd;           /* parent's write end, -1 once closed */
+    size_t stdin_off;
+    struct bp_stream out;
+    struct bp_stream err;
+    uint64_t kept;          /* bytes kept across both streams */
+    int64_t start_ns;
+    int64_t deadline_ns;    /* < 0: none */
+    int64_t grace_end_ns;
+    int64_t drain_end_ns;
+    int64_t next_group_check_ns;
+    int64_t group_check_step_ns;
+    int sigkill_sent;
+};
+
+/* spawn.c */
+int bp__spawn(struct bp_run *run);
+
+/* loop.c */
+int64_t bp__now_ns(void);
+void bp__close_fd(int *fd);
+
+/* kill.c */
+void bp__signal_group(struct bp_run *run, int sig);
+int bp__reap(struct bp_run *run);
+void bp__finish_result(struct bp_run *run);
+
+#endif
