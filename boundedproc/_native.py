@@ -110,6 +110,7 @@ class NativeSpec:
     overflow_kill: bool
     merge_stderr: bool
     cancel_fd: int  # -1: none
+    cancel_fd2: int  # -1: none; a second switch (run_async's own)
     kill_grace_ns: int
     drain_grace_ns: int
     rlimits_soft: Sequence[int]
@@ -276,6 +277,7 @@ def execute(spec: NativeSpec) -> NativeOutcome:
     c.overflow_kill = int(spec.overflow_kill)
     c.merge_stderr = int(spec.merge_stderr)
     c.cancel_fd = spec.cancel_fd
+    c.cancel_fd2 = spec.cancel_fd2
     c.kill_grace_ns = spec.kill_grace_ns
     c.drain_grace_ns = spec.drain_grace_ns
     c.exit_watch = spec.exit_watch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 import time
@@ -123,6 +124,12 @@ class Limits:
                 soft[index] = hard[index] = min(int(value), 2**63 - 1)
         return soft, hard
 
+
+# A second switch a run also watches, set only by boundedproc's own wrappers
+# (run_async's task cancellation) so that a caller's shared Cancel is never set
+# on their behalf.
+ALSO_CANCEL: contextvars.ContextVar[Optional[Cancel]] = contextvars.ContextVar(
+    "boundedproc_also_cancel", default=None)
 
 _NO_LIMITS = ([-1] * _native.NRLIMITS, [-1] * _native.NRLIMITS)
 
@@ -325,7 +332,9 @@ def run(
         raise TypeError(f"limits must be a boundedproc.Limits, not {type(limits).__name__}")
 
     # ---- content that cannot reach a process: returned, not raised ------------
-    if cancel is not None and cancel.cancelled:
+    also_cancel = ALSO_CANCEL.get()
+    if (cancel is not None and cancel.cancelled) or (also_cancel is not None
+                                                     and also_cancel.cancelled):
         return _not_spawned(raw_args, "cancelled before spawn", started, cancelled=True)
     for i, a in enumerate(raw_args):
         if b"\0" in a:
@@ -368,6 +377,7 @@ def run(
         overflow_kill=on_overflow == "kill",
         merge_stderr=bool(merge_stderr),
         cancel_fd=-1 if cancel is None else cancel.fileno(),
+        cancel_fd2=-1 if also_cancel is None else also_cancel.fileno(),
         kill_grace_ns=_ns(kill_grace_s),
         drain_grace_ns=_ns(drain_grace_s),
         rlimits_soft=soft,

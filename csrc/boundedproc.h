@@ -88,6 +88,7 @@ struct bp_spec {
     int overflow_kill;            /* past the cap: 0 discard and go on, 1 kill the group */
     int merge_stderr;             /* child's stderr is its stdout pipe */
     int cancel_fd;                /* readable means cancelled; -1: none */
+    int cancel_fd2;               /* a second one (e.g. the awaiting task's); -1: none */
     int wake_fd;                  /* readable means return BP_AGAIN; -1: none */
     int64_t kill_grace_ns;        /* SIGTERM, then SIGKILL after this; 0: SIGKILL at once */
     int64_t drain_grace_ns;       /* after the reap, read pipes at most this long */

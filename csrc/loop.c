@@ -410,8 +410,8 @@ int bp_wait(struct bp_run *run)
 {
     const struct bp_spec *spec = run->spec;
     struct bp_result *res = run->res;
-    struct pollfd fds[6];
-    enum { S_OUT, S_ERR, S_IN, S_EXIT, S_CANCEL, S_WAKE, S_N };
+    struct pollfd fds[7];
+    enum { S_OUT, S_ERR, S_IN, S_EXIT, S_CANCEL, S_CANCEL2, S_WAKE, S_N };
     int idx[S_N];
 
     for (;;) {
@@ -476,8 +476,10 @@ int bp_wait(struct bp_run *run)
             ADD(S_IN, run->stdin_fd, POLLOUT);
         if (!run->leader_exited && !run->reaped)
             ADD(S_EXIT, run->exit_fd, POLLIN);
-        if (run->phase == BP_PHASE_RUNNING)
+        if (run->phase == BP_PHASE_RUNNING) {
             ADD(S_CANCEL, spec->cancel_fd, POLLIN);
+            ADD(S_CANCEL2, spec->cancel_fd2, POLLIN);
+        }
         ADD(S_WAKE, spec->wake_fd, POLLIN);
 #undef ADD
 
@@ -507,8 +509,9 @@ int bp_wait(struct bp_run *run)
             write_stdin(run);
         if (idx[S_EXIT] >= 0 && fds[idx[S_EXIT]].revents != 0)
             run->leader_exited = 1;
-        if (idx[S_CANCEL] >= 0 && fds[idx[S_CANCEL]].revents != 0 && run->phase == BP_PHASE_RUNNING
-            && !run->leader_exited) {
+        int cancel_ready = (idx[S_CANCEL] >= 0 && fds[idx[S_CANCEL]].revents != 0)
+                           || (idx[S_CANCEL2] >= 0 && fds[idx[S_CANCEL2]].revents != 0);
+        if (cancel_ready && run->phase == BP_PHASE_RUNNING && !run->leader_exited) {
             end_run(run, BP_END_CANCEL);
             continue;
         }
