@@ -1,0 +1,510 @@
+"""``python -m grader CLAIMS.jsonl``: verify and grade a JSON-lines file of claims.
+
+Decisions taken where SPEC section 4 is silent:
+
+- Blank lines are skipped. Keys other than ``id``, ``title``, ``rung``, ``check`` and ``expect``
+  are ignored, so a claims file may carry its own bookkeeping. A line that is not a JSON object,
+  lacks a string ``id`` or an integer ``rung`` from 1 to 5, has a non-string ``title``/``check``/
+  ``expect``, repeats an earlier ``id``, or is not UTF-8 is malformed: it is reported as
+  ``line N: ...`` on stderr, not graded, and makes the exit status 2.
+- Checks run in an empty environment (bash then uses its built-in ``PATH``), the same for every
+  machine that grades the file, with ``--cwd`` (default: the claims file's directory) as their
+  working directory.
+- ``duration`` is the wall time of the whole verification of one claim (parse and run), in
+  seconds; ``exit_code`` is that of the graded execution, ``null`` when nothing ran.
+- A claim refused with ``UncheckableClaimError`` (on its face, or by ``bash -n``) is reported as
+  ``uncheckable`` with that reason and note.
+- Output lines are written in input order, each as soon as it and every claim before it are
+  graded. Ctrl-C cancels the running checks (their groups are killed) and exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Generator, Iterable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from ._grade import (
+    DuplicateMarker,
+    Evidence,
+    Grade,
+    UncheckableClaimError,
+    Verdict,
+    claim_key,
+)
+from ._verify import verify_gradeable_evidence
+
+if TYPE_CHECKING:
+    from boundedproc import Cancel
+
+__all__ = [
+    "ClaimLine",
+    "ClaimOutcome",
+    "GradedFile",
+    "grade_file",
+    "main",
+    "outcome_json",
+    "parse_claims",
+    "verify_claim",
+    "verify_claims",
+]
+
+EXIT_OK = 0
+EXIT_CONTRADICTED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+DEFAULT_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimLine:
+    """One well-formed claim of a claims file.
+
+    Attributes:
+        line: Its 1-based line number in the file.
+        id: The claim's id (unique in the file).
+        title: The claim's sentence, if given.
+        evidence: Its rung, check and expectation.
+    """
+
+    line: int
+    id: str
+    title: str | None
+    evidence: Evidence
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimOutcome:
+    """The result of verifying one claim.
+
+    Attributes:
+        id: The claim's id.
+        grade: Its grade (``duplicate_of`` set by ``verify_claims``).
+        exit_code: The exit status of the graded execution; ``None`` when nothing ran.
+        duration: Seconds spent verifying the claim (parse and run).
+    """
+
+    id: str
+    grade: Grade
+    exit_code: int | None
+    duration: float
+
+
+@dataclass(frozen=True, slots=True)
+class GradedFile:
+    """Everything ``grade_file`` found in a claims file.
+
+    Attributes:
+        outcomes: One outcome per well-formed claim, in file order.
+        errors: One ``"line N: ..."`` message per malformed line.
+    """
+
+    outcomes: list[ClaimOutcome]
+    errors: list[str]
+
+
+def _parse_line(number: int, raw: bytes, seen: dict[str, int]) -> ClaimLine | str | None:
+    """A claim, an error message without its ``line N:`` prefix, or ``None`` for a blank line."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not valid UTF-8 ({exc.reason} at byte {exc.start})"
+    if not text.strip():
+        return None
+    try:
+        item: Any = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"not valid JSON ({exc.msg} at column {exc.colno})"
+    if not isinstance(item, dict):
+        return f"expected a JSON object, got {type(item).__name__}"
+    claim_id = item.get("id")
+    if not isinstance(claim_id, str) or not claim_id:
+        return "'id' must be a non-empty string"
+    if claim_id in seen:
+        return f"id {claim_id!r} is already used on line {seen[claim_id]}"
+    rung = item.get("rung")
+    if isinstance(rung, bool) or not isinstance(rung, int) or not 1 <= rung <= 5:
+        return "'rung' must be an integer from 1 to 5"
+    for name in ("title", "check", "expect"):
+        value = item.get(name)
+        if value is not None and not isinstance(value, str):
+            return f"{name!r} must be a string or null"
+    seen[claim_id] = number
+    return ClaimLine(
+        line=number,
+        id=claim_id,
+        title=item.get("title"),
+        evidence=Evidence(rung=rung, check=item.get("check"), expect=item.get("expect")),
+    )
+
+
+def parse_claims(lines: Iterable[bytes]) -> tuple[list[ClaimLine], list[str]]:
+    """Parse the lines of a claims file.
+
+    Args:
+        lines: The file's lines as bytes, in order (line endings may be present).
+
+    Returns:
+        The well-formed claims in file order, and one ``"line N: ..."`` message per malformed
+        line (see the module docstring for what is malformed).
+    """
+    claims: list[ClaimLine] = []
+    errors: list[str] = []
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(lines, start=1):
+        parsed = _parse_line(number, raw.rstrip(b"\r\n"), seen)
+        if isinstance(parsed, ClaimLine):
+            claims.append(parsed)
+        elif parsed is not None:
+            errors.append(f"line {number}: {parsed}")
+    return claims, errors
+
+
+def verify_claim(
+    claim: ClaimLine,
+    *,
+    cwd: str,
+    timeout: float | None,
+    bash: str = "bash",
+    cancel: Cancel | None = None,
+) -> ClaimOutcome:
+    """Verify one claim with ``verify_gradeable_evidence`` and time it.
+
+    Module-level and built from picklable values, so any ``concurrent.futures.Executor`` can run
+    it. A refusal (``UncheckableClaimError``) becomes an ``uncheckable`` grade with its reason.
+
+    Args:
+        claim: The claim.
+        cwd: Working directory of the check.
+        timeout: Seconds for the parse and, separately, for the run.
+        bash: The bash program.
+        cancel: A ``boundedproc.Cancel`` shared by the whole pass (only for in-process executors).
+
+    Returns:
+        The claim's outcome (without ``duplicate_of``).
+    """
+    started = time.monotonic()
+    try:
+        verified = verify_gradeable_evidence(
+            claim.evidence, cwd=cwd, bash=bash, timeout=timeout, cancel=cancel
+        )
+    except UncheckableClaimError as refused:
+        grade = Grade(Verdict.UNCHECKABLE, refused.reason, refused.note)
+        return ClaimOutcome(claim.id, grade, None, time.monotonic() - started)
+    execution = verified.execution
+    return ClaimOutcome(
+        claim.id,
+        verified.grade,
+        execution.exit_code if execution is not None else None,
+        time.monotonic() - started,
+    )
+
+
+def verify_claims(
+    claims: Sequence[ClaimLine],
+    *,
+    cwd: str,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    jobs: int = 1,
+    executor: Executor | None = None,
+    bash: str = "bash",
+    cancel: Cancel | None = None,
+    on_done: Callable[[ClaimOutcome], None] | None = None,
+) -> Generator[ClaimOutcome, None, None]:
+    """Verify claims concurrently and yield their outcomes in input order, duplicates flagged.
+
+    Args:
+        claims: The claims.
+        cwd: Working directory of every check.
+        timeout: Seconds for each parse and each run.
+        jobs: Checks run at once when no ``executor`` is given (a thread pool; the runner
+            releases the GIL while it waits).
+        executor: Where to run ``verify_claim``; it is not shut down here.
+        bash: The bash program.
+        cancel: A ``boundedproc.Cancel`` passed to every run; with a foreign ``executor`` it
+            must be something that executor can ship to its workers.
+        on_done: Called in the calling thread as each claim finishes, in completion order
+            (for a progress bar).
+
+    Yields:
+        One outcome per claim, in input order, as soon as it and all before it are done.
+
+    Raises:
+        ValueError: ``jobs`` is less than 1.
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, not {jobs}")
+    own = executor is None
+    pool: Executor = ThreadPoolExecutor(max_workers=jobs) if executor is None else executor
+    try:
+        futures: list[Future[ClaimOutcome]] = [
+            pool.submit(verify_claim, claim, cwd=cwd, timeout=timeout, bash=bash, cancel=cancel)
+            for claim in claims
+        ]
+        index_of = {future: index for index, future in enumerate(futures)}
+        finished: dict[int, ClaimOutcome] = {}
+        marker = DuplicateMarker()
+        next_index = 0
+        for future in as_completed(futures):
+            outcome = future.result()
+            finished[index_of[future]] = outcome
+            if on_done is not None:
+                on_done(outcome)
+            while next_index in finished:
+                ready = finished.pop(next_index)
+                key = claim_key(claims[next_index].evidence, claims[next_index].title)
+                grade = marker.mark(ready.id, key, ready.grade)
+                yield ClaimOutcome(ready.id, grade, ready.exit_code, ready.duration)
+                next_index += 1
+    except BaseException:
+        # Interrupted, failed, or abandoned by the consumer (GeneratorExit): stop the checks
+        # still running before waiting for the pool, so shutting down takes no check's budget.
+        if cancel is not None:
+            cancel.cancel()
+        raise
+    finally:
+        if own:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def grade_file(
+    path: str | os.PathLike[str],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    jobs: int = 1,
+    executor: Executor | None = None,
+    bash: str = "bash",
+) -> GradedFile:
+    """Parse a claims file and verify every well-formed claim in it.
+
+    Args:
+        path: The JSON-lines claims file.
+        cwd: Working directory of the checks; ``None`` for the directory holding ``path``.
+        timeout: Seconds for each parse and each run.
+        jobs: Checks run at once when no ``executor`` is given.
+        executor: Where to run the checks (see ``verify_claims``).
+        bash: The bash program.
+
+    Returns:
+        The outcomes in file order and the malformed-line messages.
+
+    Raises:
+        OSError: ``path`` cannot be read.
+    """
+    claims, errors = parse_claims(Path(path).read_bytes().splitlines())
+    workdir = os.fspath(cwd) if cwd is not None else str(Path(path).resolve().parent)
+    outcomes = list(
+        verify_claims(claims, cwd=workdir, timeout=timeout, jobs=jobs, executor=executor, bash=bash)
+    )
+    return GradedFile(outcomes, errors)
+
+
+def outcome_json(outcome: ClaimOutcome) -> str:
+    """One output line: ``{id, verdict, reason, note, duplicate_of, exit_code, duration}``.
+
+    Args:
+        outcome: The claim's outcome.
+
+    Returns:
+        The JSON object, without a trailing newline.
+    """
+    grade = outcome.grade
+    return json.dumps(
+        {
+            "id": outcome.id,
+            "verdict": grade.verdict.value,
+            "reason": grade.reason.value if grade.reason is not None else None,
+            "note": grade.note,
+            "duplicate_of": grade.duplicate_of,
+            "exit_code": outcome.exit_code,
+            "duration": round(outcome.duration, 3),
+        },
+        ensure_ascii=False,
+    )
+
+
+def _summary(outcomes: Sequence[ClaimOutcome], malformed: int, elapsed: float) -> str:
+    counts = {verdict: 0 for verdict in Verdict}
+    for outcome in outcomes:
+        counts[outcome.grade.verdict] += 1
+    width = max(len(verdict.value) for verdict in Verdict)
+    rows = [f"{'verdict':<{width}}  {'claims':>6}"]
+    rows += [f"{verdict.value:<{width}}  {counts[verdict]:>6}" for verdict in Verdict]
+    rows.append(f"{'total':<{width}}  {len(outcomes):>6}")
+    if malformed:
+        rows.append(f"{'malformed lines':<{width}}  {malformed:>6}")
+    rows.append(f"graded in {elapsed:.2f} s")
+    return "\n".join(rows)
+
+
+class _Progress:
+    """A tqdm bar on a terminal when tqdm is installed (the ``cli`` extra); otherwise nothing."""
+
+    def __init__(self, total: int, stream: IO[str]) -> None:
+        self._bar: Any = None
+        if total and stream.isatty():
+            try:
+                tqdm = importlib.import_module("tqdm").tqdm
+            except ImportError:
+                return
+            self._bar = tqdm(total=total, file=stream, unit="claim", dynamic_ncols=True)
+
+    def update(self, outcome: ClaimOutcome) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m grader",
+        description=(
+            "Grade a JSON-lines file of claims. Each claim's shell check is parsed with "
+            "`bash -n`, run bounded with `bash -c` (its whole process group is killed when it "
+            "ends), and graded: verified, silent-check, contradicted, unrunnable or uncheckable."
+        ),
+        epilog=(
+            'Each input line is a JSON object: {"id": str, "title": str, "rung": 1-5, '
+            '"check": str, "expect": str}; title, check and expect may be omitted, other keys '
+            "are ignored. Checks run in an empty environment. Output: one JSON line per claim "
+            "with id, verdict, reason, note, duplicate_of, exit_code and duration, in input "
+            "order. A summary goes to stderr. Exit status: 0 all graded and none contradicted, "
+            "1 some claim contradicted, 2 bad input (a malformed line is reported as "
+            "'line N: ...' and the other claims are still graded)."
+        ),
+    )
+    parser.add_argument("claims", metavar="CLAIMS.jsonl", help="the claims file to grade")
+    parser.add_argument(
+        "--cwd",
+        metavar="DIR",
+        help="working directory of the checks (default: the directory containing CLAIMS.jsonl)",
+    )
+    parser.add_argument(
+        "--timeout",
+        metavar="S",
+        type=_positive_float,
+        default=DEFAULT_TIMEOUT,
+        help=(
+            "seconds each check may run; its bash -n parse gets its own budget of the same "
+            f"length (default: {DEFAULT_TIMEOUT:g})"
+        ),
+    )
+    parser.add_argument(
+        "--jobs",
+        metavar="N",
+        type=_positive_int,
+        default=os.cpu_count() or 1,
+        help="checks run at once (default: the number of CPUs)",
+    )
+    parser.add_argument(
+        "--out", metavar="FILE", help="write the JSON lines to FILE instead of stdout"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: The arguments after the program name; ``None`` for ``sys.argv[1:]``.
+
+    Returns:
+        The exit status: 0, 1 (a claim was contradicted), 2 (bad input) or 130 (interrupted).
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    claims_path = Path(args.claims)
+    try:
+        lines = claims_path.read_bytes().splitlines()
+    except OSError as exc:
+        print(f"grader: cannot read {args.claims}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    cwd = Path(args.cwd) if args.cwd is not None else claims_path.resolve().parent
+    if not cwd.is_dir():
+        print(f"grader: --cwd {cwd} is not a directory", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+    claims, errors = parse_claims(lines)
+    for error in errors:
+        print(error, file=sys.stderr)
+
+    out: IO[str]
+    if args.out is not None:
+        try:
+            out = open(args.out, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            print(f"grader: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    else:
+        out = sys.stdout
+
+    from boundedproc import Cancel
+
+    cancel = Cancel()
+    started = time.monotonic()
+    progress = _Progress(len(claims), sys.stderr)
+    outcomes: list[ClaimOutcome] = []
+    results = verify_claims(
+        claims,
+        cwd=str(cwd.resolve()),
+        timeout=args.timeout,
+        jobs=args.jobs,
+        cancel=cancel,
+        on_done=progress.update,
+    )
+    try:
+        for outcome in results:
+            outcomes.append(outcome)
+            out.write(outcome_json(outcome) + "\n")
+            out.flush()
+    except KeyboardInterrupt:
+        # Every running check watches this Cancel: their groups are killed and reaped, and
+        # closing the generator waits for the pool, so nothing outlives the interrupted grader.
+        cancel.cancel()
+        results.close()
+        progress.close()
+        print("grader: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    progress.close()
+    print(_summary(outcomes, len(errors), time.monotonic() - started), file=sys.stderr)
+    if errors:
+        return EXIT_BAD_INPUT
+    if any(outcome.grade.verdict is Verdict.CONTRADICTED for outcome in outcomes):
+        return EXIT_CONTRADICTED
+    return EXIT_OK
