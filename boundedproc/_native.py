@@ -14,8 +14,49 @@ import threading
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from boundedproc._bp import ffi, lib
 from boundedproc._version import __version__
+
+
+def _load_core():  # type: ignore[no-untyped-def]
+    """Import the compiled core.
+
+    Running from a source checkout (``python -m pytest`` puts it first on
+    ``sys.path``) finds a ``boundedproc/`` without the compiled ``_bp``; then the
+    extension of an installed copy of the same version is loaded instead.
+    """
+    try:
+        from boundedproc import _bp
+
+        return _bp
+    except ImportError as first:
+        import importlib.machinery
+        import importlib.util
+        import sys
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        for entry in sys.path:
+            pkg = os.path.join(entry or ".", "boundedproc")
+            if not os.path.isdir(pkg) or os.path.abspath(pkg) == here:
+                continue
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                path = os.path.join(pkg, "_bp" + suffix)
+                if os.path.exists(path):
+                    spec = importlib.util.spec_from_file_location("boundedproc._bp", path)
+                    if spec is None or spec.loader is None:
+                        continue
+                    module = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(module)
+                    sys.modules["boundedproc._bp"] = module
+                    return module
+        raise ImportError(
+            "boundedproc's C core is not built: install the package (pip install .) "
+            "or build it in place (python csrc/build_ffi.py)"
+        ) from first
+
+
+_bp = _load_core()
+ffi = _bp.ffi
+lib = _bp.lib
 
 DEADLINE_EXIT_CODE: int = lib.BP_DEADLINE_EXIT_CODE
 CANCEL_EXIT_CODE: int = lib.BP_CANCEL_EXIT_CODE

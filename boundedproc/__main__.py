@@ -1,0 +1,119 @@
+"""``python -m boundedproc``: a process-group-safe ``timeout(1)``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+from typing import Optional, Sequence
+
+from boundedproc._result import Result
+from boundedproc._run import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT, run
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"1048576"``, ``"512K"``, ``"16M"`` or ``"2G"`` (powers of 1024).
+
+    Raises:
+        argparse.ArgumentTypeError: when ``text`` is not a size.
+    """
+    match = _SIZE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use bytes, or K, M, G)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value != value or value < 0:
+        raise argparse.ArgumentTypeError(f"seconds must be >= 0: {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser."""
+    p = argparse.ArgumentParser(
+        prog="python -m boundedproc",
+        description="Run CMD bounded in time and output; at the end its whole process "
+        "group is killed, so nothing it started survives.  Exits with CMD's exit code "
+        "(124 on the deadline, 137 when killed for the output cap or cancelled, "
+        "127/126 when it could not be started).",
+    )
+    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT, metavar="S",
+                   help=f"seconds before the group is killed (default {DEFAULT_TIMEOUT:g})")
+    p.add_argument("--max-output", type=parse_size, default=DEFAULT_MAX_OUTPUT, metavar="SIZE",
+                   help="bytes of stdout+stderr kept, e.g. 1048576, 512K, 16M, 2G "
+                   "(default 16M)")
+    p.add_argument("--on-overflow", choices=("truncate", "kill"), default="truncate",
+                   help="past the cap: discard the rest, or kill the group (default truncate)")
+    p.add_argument("--shell", metavar="SH", default=None,
+                   help="join the words after -- into one command for SH -c")
+    p.add_argument("--kill-grace", type=_seconds, default=0.0, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL (default 0: SIGKILL at once)")
+    p.add_argument("--json", action="store_true",
+                   help="print the Result as one JSON object instead of passing output through")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
+    return p
+
+
+def result_json(result: Result) -> str:
+    """The result as one JSON object: every field, output decoded as UTF-8."""
+    data = {}
+    for field in dataclasses.fields(result):
+        value = getattr(result, field.name)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        elif isinstance(value, tuple):
+            value = list(value)
+        data[field.name] = value
+    data["ok"] = result.ok
+    return json.dumps(data, ensure_ascii=False)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    words = list(args.cmd)
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        parser.error("no command given (put it after --)")
+    cmd = " ".join(words) if args.shell else words
+    try:
+        result = run(cmd, shell=args.shell or False, timeout=args.timeout,
+                     max_output=args.max_output, on_overflow=args.on_overflow,
+                     kill_grace=args.kill_grace)
+    except KeyboardInterrupt:
+        return 130
+    if args.json:
+        print(result_json(result))
+    else:
+        out = sys.stdout.buffer
+        assert isinstance(result.stdout, bytes) and isinstance(result.stderr, bytes)
+        out.write(result.stdout)
+        out.flush()
+        sys.stderr.buffer.write(result.stderr)
+        if result.runner_error is not None:
+            sys.stderr.write(f"boundedproc: {result.runner_error}\n")
+        elif result.timed_out:
+            sys.stderr.write(f"boundedproc: timed out after {args.timeout:g} s\n")
+        if result.output_truncated:
+            sys.stderr.write(f"boundedproc: output truncated at {args.max_output} bytes "
+                             f"({result.output_bytes} read)\n")
+        if result.escaped:
+            sys.stderr.write("boundedproc: a process outside the group held the output open\n")
+        sys.stderr.flush()
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

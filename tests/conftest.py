@@ -1,0 +1,64 @@
+"""Shared helpers: process liveness that treats zombies as dead, and cleanup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Iterable, Iterator
+
+import psutil
+import pytest
+
+
+def alive(pid: int) -> bool:
+    """True while pid is a running (non-zombie) process."""
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is pgid."""
+    found = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if os.getpgid(proc.info["pid"]) == pgid:
+                found.append(proc.info["pid"])
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return found
+
+
+def wait_dead(pids: Iterable[int], within: float = 5.0) -> list[int]:
+    """Poll until every pid is dead or `within` seconds pass; return the survivors."""
+    pids = list(pids)
+    deadline = time.monotonic() + within
+    while True:
+        survivors = [p for p in pids if alive(p)]
+        if not survivors or time.monotonic() > deadline:
+            return survivors
+        time.sleep(0.02)
+
+
+def pids_in(text: str | bytes) -> list[int]:
+    """Every integer on its own line of a command's output."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    return [int(line) for line in text.split() if line.strip().isdigit()]
+
+
+@pytest.fixture
+def reaper() -> Iterator[list[int]]:
+    """A list a test appends pids to; whatever is still alive is SIGKILLed after it."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

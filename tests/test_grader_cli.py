@@ -1,0 +1,501 @@
+"""Tests of `python -m grader`: parsing claims files, output lines, summary, exit status."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+import boundedproc
+import grader
+import grader._cli as cli
+from grader import (
+    CheckExecution,
+    Evidence,
+    Grade,
+    Reason,
+    UncheckableClaimError,
+    Verdict,
+    VerifiedEvidence,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+OUTPUT_KEYS = {"id", "verdict", "reason", "note", "duplicate_of", "exit_code", "duration"}
+
+
+def write_claims(directory: Path, *lines: object, name: str = "claims.jsonl") -> Path:
+    """Write claims (dicts as JSON, strings verbatim) one per line; return the file."""
+    path = directory / name
+    path.write_text(
+        "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
+    )
+    return path
+
+
+def claim(cid: str, check: str = "grep -c PARETO results.txt", expect: str = "6", **extra: Any):
+    """A claim object as a claims file holds it (rung 4 unless overridden)."""
+    return {"id": cid, "title": f"claim {cid}", "rung": 4, "check": check, "expect": expect} | extra
+
+
+def output_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of the grader's output."""
+    return [json.loads(line) for line in text.splitlines()]
+
+
+class FakeVerify:
+    """Stands in for verify_gradeable_evidence: grades by the check text, records its calls."""
+
+    def __init__(self, delays: dict[str, float] | None = None) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.delays = delays or {}
+        self.lock = threading.Lock()
+
+    def __call__(self, evidence: Evidence, **kwargs: Any) -> VerifiedEvidence:
+        with self.lock:
+            self.calls.append({"check": evidence.check, **kwargs})
+        time.sleep(self.delays.get(evidence.check or "", 0.0))
+        check = evidence.check or ""
+        if check.startswith("bad"):
+            raise UncheckableClaimError(4, Reason.INVALID_SHELL_SYNTAX, "bash said no")
+        if check.startswith("contra"):
+            execution = CheckExecution(1, "", "")
+            return VerifiedEvidence(evidence, execution, Grade(Verdict.CONTRADICTED))
+        execution = CheckExecution(0, "6\n", "")
+        return VerifiedEvidence(evidence, execution, Grade(Verdict.VERIFIED))
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeVerify:
+    """Replace the real verification in the command line with FakeVerify."""
+    stand_in = FakeVerify()
+    monkeypatch.setattr(cli, "verify_gradeable_evidence", stand_in)
+    return stand_in
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+def test_parse_claims_reads_well_formed_lines() -> None:
+    """Claims are read in order with their line numbers; blank lines and unknown keys ignored."""
+    lines = [
+        json.dumps(claim("a", path="x.md")).encode(),
+        b"   ",
+        json.dumps({"id": "b", "rung": 2}).encode() + b"\r\n",
+    ]
+    claims, errors = cli.parse_claims(lines)
+    assert errors == []
+    assert [(c.line, c.id, c.title) for c in claims] == [(1, "a", "claim a"), (3, "b", None)]
+    assert claims[0].evidence == Evidence(4, "grep -c PARETO results.txt", "6")
+    assert claims[1].evidence == Evidence(2)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "expected a JSON object"),
+        (b'{"rung": 4}', "'id' must be a non-empty string"),
+        (b'{"id": "", "rung": 4}', "'id' must be a non-empty string"),
+        (b'{"id": 7, "rung": 4}', "'id' must be a non-empty string"),
+        (b'{"id": "x"}', "'rung' must be an integer from 1 to 5"),
+        (b'{"id": "x", "rung": "4"}', "'rung' must be an integer from 1 to 5"),
+        (b'{"id": "x", "rung": 7}', "'rung' must be an integer from 1 to 5"),
+        (b'{"id": "x", "rung": true}', "'rung' must be an integer from 1 to 5"),
+        (b'{"id": "x", "rung": 4, "title": 3}', "'title' must be a string or null"),
+        (b'{"id": "x", "rung": 4, "check": ["ls"]}', "'check' must be a string or null"),
+        (b'{"id": "x", "rung": 4, "expect": 6}', "'expect' must be a string or null"),
+        (b'{"id": "x\xff", "rung": 4}', "not valid UTF-8"),
+    ],
+)
+def test_parse_claims_reports_malformed_lines(line: bytes, message: str) -> None:
+    """A malformed line is reported as `line N: ...` and the lines around it are still read."""
+    good = json.dumps(claim("ok")).encode()
+    claims, errors = cli.parse_claims([good, line, good.replace(b'"ok"', b'"ok2"')])
+    assert [c.id for c in claims] == ["ok", "ok2"]
+    assert len(errors) == 1 and errors[0].startswith("line 2: ") and message in errors[0]
+
+
+def test_parse_claims_rejects_a_repeated_id() -> None:
+    """A second claim with an id already used is malformed and names the first line."""
+    line = json.dumps(claim("dup")).encode()
+    claims, errors = cli.parse_claims([line, line])
+    assert len(claims) == 1 and errors == ["line 2: id 'dup' is already used on line 1"]
+
+
+# --- the command line with verification stood in -------------------------------------------
+
+
+def test_output_lines_and_exit_zero(tmp_path: Path, fake: FakeVerify, capsys: Any) -> None:
+    """One JSON line per claim with exactly the spec's keys, in input order; exit 0."""
+    path = write_claims(tmp_path, claim("a"), claim("b", check="grep -c x other.txt"))
+    assert cli.main([str(path), "--jobs", "2"]) == 0
+    lines = output_lines(capsys.readouterr().out)
+    assert [line["id"] for line in lines] == ["a", "b"]
+    assert all(set(line) == OUTPUT_KEYS for line in lines)
+    assert lines[0] | {"duration": 0} == {
+        "id": "a",
+        "verdict": "verified",
+        "reason": None,
+        "note": None,
+        "duplicate_of": None,
+        "exit_code": 0,
+        "duration": 0,
+    }
+    assert isinstance(lines[0]["duration"], float)
+
+
+def test_exit_one_when_a_claim_is_contradicted(
+    tmp_path: Path, fake: FakeVerify, capsys: Any
+) -> None:
+    """A contradicted claim makes the exit status 1."""
+    path = write_claims(tmp_path, claim("a"), claim("c", check="contra"))
+    assert cli.main([str(path)]) == 1
+    assert [line["verdict"] for line in output_lines(capsys.readouterr().out)] == [
+        "verified",
+        "contradicted",
+    ]
+
+
+def test_malformed_line_exits_two_and_grades_the_rest(
+    tmp_path: Path, fake: FakeVerify, capsys: Any
+) -> None:
+    """A malformed line is reported with its number, the others are graded, exit status 2."""
+    path = write_claims(tmp_path, claim("a"), "{oops", claim("c", check="contra"))
+    assert cli.main([str(path)]) == 2
+    captured = capsys.readouterr()
+    assert [line["id"] for line in output_lines(captured.out)] == ["a", "c"]
+    assert "line 2: not valid JSON" in captured.err
+    assert "malformed lines" in captured.err
+
+
+def test_refused_claim_is_an_uncheckable_line(
+    tmp_path: Path, fake: FakeVerify, capsys: Any
+) -> None:
+    """A claim whose verification raises UncheckableClaimError is reported uncheckable."""
+    path = write_claims(tmp_path, claim("s", check="bad syntax ("))
+    assert cli.main([str(path)]) == 0
+    (line,) = output_lines(capsys.readouterr().out)
+    assert (line["verdict"], line["reason"], line["note"], line["exit_code"]) == (
+        "uncheckable",
+        "invalid-shell-syntax",
+        "bash said no",
+        None,
+    )
+
+
+def test_duplicates_are_flagged_in_the_output(
+    tmp_path: Path, fake: FakeVerify, capsys: Any
+) -> None:
+    """A later claim with the same check, expectation and title points to the first one."""
+    first = claim("a", title="Six rows.md")
+    again = claim("b", title="  six ROWS ")
+    other = claim("c", title="Seven rows")
+    path = write_claims(tmp_path, first, again, other)
+    cli.main([str(path)])
+    lines = output_lines(capsys.readouterr().out)
+    assert [line["duplicate_of"] for line in lines] == [None, "a", None]
+
+
+def test_summary_table_on_stderr(tmp_path: Path, fake: FakeVerify, capsys: Any) -> None:
+    """The summary counts claims per verdict and gives the total and the time, on stderr."""
+    path = write_claims(tmp_path, claim("a"), claim("b", check="contra"), claim("c", check="ok"))
+    cli.main([str(path)])
+    err = capsys.readouterr().err
+    rows = {
+        line.split()[0]: line.split()[-1] for line in err.splitlines() if line and line[0] != " "
+    }
+    assert rows["verified"] == "2" and rows["contradicted"] == "1"
+    assert rows["silent-check"] == rows["unrunnable"] == rows["uncheckable"] == "0"
+    assert rows["total"] == "3"
+    assert "graded in" in err
+
+
+def test_out_writes_the_file_not_stdout(tmp_path: Path, fake: FakeVerify, capsys: Any) -> None:
+    """--out FILE receives the JSON lines and stdout stays empty."""
+    path = write_claims(tmp_path, claim("a"))
+    out = tmp_path / "grades.jsonl"
+    assert cli.main([str(path), "--out", str(out)]) == 0
+    assert capsys.readouterr().out == ""
+    assert [line["id"] for line in output_lines(out.read_text())] == ["a"]
+
+
+def test_cwd_defaults_to_the_claims_directory(
+    tmp_path: Path, fake: FakeVerify, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checks run in the claims file's directory unless --cwd names another; --timeout passes."""
+    sub = tmp_path / "claims"
+    sub.mkdir()
+    path = write_claims(sub, claim("a"))
+    monkeypatch.chdir(tmp_path)
+    cli.main([os.path.relpath(path), "--timeout", "2.5"])
+    cli.main([str(path), "--cwd", str(tmp_path)])
+    assert [(Path(c["cwd"]), c["timeout"]) for c in fake.calls] == [
+        (sub.resolve(), 2.5),
+        (tmp_path.resolve(), cli.DEFAULT_TIMEOUT),
+    ]
+
+
+def test_output_keeps_input_order_whatever_finishes_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """With several jobs, lines come out in input order even when later claims finish first."""
+    checks = [f"grep -c x f{i}.txt" for i in range(6)]
+    stand_in = FakeVerify({check: 0.05 * (6 - i) for i, check in enumerate(checks)})
+    monkeypatch.setattr(cli, "verify_gradeable_evidence", stand_in)
+    path = write_claims(tmp_path, *(claim(str(i), check=c) for i, c in enumerate(checks)))
+    assert cli.main([str(path), "--jobs", "6"]) == 0
+    assert [line["id"] for line in output_lines(capsys.readouterr().out)] == list("012345")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--jobs", "0"], ["--jobs", "two"], ["--timeout", "-1"], ["--timeout", "nan"], []],
+)
+def test_bad_arguments_exit_two(tmp_path: Path, argv: list[str], capsys: Any) -> None:
+    """Invalid options, or no claims file, are usage errors: exit status 2."""
+    path = write_claims(tmp_path, claim("a"))
+    with pytest.raises(SystemExit) as info:
+        cli.main(([str(path)] if argv else []) + argv)
+    assert info.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_unreadable_file_or_cwd_exits_two(tmp_path: Path, fake: FakeVerify, capsys: Any) -> None:
+    """A claims file that cannot be read, or a --cwd that is not a directory, exits 2."""
+    assert cli.main([str(tmp_path / "absent.jsonl")]) == 2
+    path = write_claims(tmp_path, claim("a"))
+    assert cli.main([str(path), "--cwd", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "not a directory" in err
+    assert fake.calls == []
+
+
+def test_help_documents_the_defaults(capsys: Any) -> None:
+    """--help names the default working directory, the output keys and the exit statuses."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--help"])
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default: the directory containing CLAIMS.jsonl" in text
+    assert "duplicate_of" in text and "2 bad input" in text and "1 some claim contradicted" in text
+
+
+def test_empty_file_grades_nothing_and_exits_zero(
+    tmp_path: Path, fake: FakeVerify, capsys: Any
+) -> None:
+    """A claims file with no claims writes nothing and exits 0."""
+    path = write_claims(tmp_path, "", "  ")
+    assert cli.main([str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and "total" in captured.err
+
+
+# --- progress bar --------------------------------------------------------------------------
+
+
+class FakeTerminal(io.StringIO):
+    """A text stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_only_on_a_terminal() -> None:
+    """A tqdm bar is drawn on a terminal and nothing is written to a non-terminal."""
+    pytest.importorskip("tqdm")
+    outcome = cli.ClaimOutcome("a", Grade(Verdict.VERIFIED), 0, 0.0)
+    for stream, drawn in ((FakeTerminal(), True), (io.StringIO(), False)):
+        bar = cli._Progress(2, stream)
+        bar.update(outcome)
+        bar.update(outcome)
+        bar.close()
+        assert ("2/2" in stream.getvalue()) is drawn
+
+
+def test_no_progress_bar_without_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without tqdm installed the command line draws no bar, even on a terminal."""
+    real_import = cli.importlib.import_module
+
+    def no_tqdm(name: str, *args: Any) -> Any:
+        if name == "tqdm":
+            raise ImportError("No module named 'tqdm'")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(cli.importlib, "import_module", no_tqdm)
+    stream = FakeTerminal()
+    bar = cli._Progress(3, stream)
+    bar.update(cli.ClaimOutcome("a", Grade(Verdict.VERIFIED), 0, 0.0))
+    bar.close()
+    assert stream.getvalue() == ""
+
+
+# --- verify_claims -------------------------------------------------------------------------
+
+
+class RecordingCancel:
+    """Counts cancel() calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def cancel(self) -> None:
+        self.calls += 1
+
+
+def test_abandoned_pass_cancels_running_checks(fake: FakeVerify) -> None:
+    """Closing the outcome generator early fires the shared Cancel before the pool shuts down."""
+    claims, _ = cli.parse_claims([json.dumps(claim(str(i))).encode() for i in range(3)])
+    cancel = RecordingCancel()
+    outcomes = cli.verify_claims(claims, cwd=".", cancel=cancel)  # type: ignore[arg-type]
+    next(outcomes)
+    outcomes.close()
+    assert cancel.calls == 1
+
+
+def test_foreign_executor_is_used_and_left_open(fake: FakeVerify) -> None:
+    """A caller's executor runs the checks and is not shut down by the pass."""
+    claims, _ = cli.parse_claims([json.dumps(claim(str(i))).encode() for i in range(4)])
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(cli.verify_claims(claims, cwd=".", executor=pool))
+        assert pool.submit(lambda: 7).result() == 7
+    assert [o.id for o in outcomes] == ["0", "1", "2", "3"]
+
+
+# --- real runs -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """A directory with results.txt holding 6 PARETO rows."""
+    (tmp_path / "results.txt").write_text("".join(f"r{i} PARETO\n" for i in range(6)) + "r6 -\n")
+    return tmp_path
+
+
+def test_real_run_grades_a_claims_file(data_dir: Path, capsys: Any) -> None:
+    """Through bash: verified, contradicted, unreached input, syntax error; malformed exits 2."""
+    path = write_claims(
+        data_dir,
+        claim("pass"),
+        claim("wrong", expect="7"),
+        claim("missing", check="grep -c PARETO absent.txt"),
+        claim("syntax", check="grep -c PARETO results.txt | ("),
+        '{"id": "broken"',
+    )
+    assert cli.main([str(path), "--timeout", "20"]) == 2
+    captured = capsys.readouterr()
+    got = {line["id"]: (line["verdict"], line["reason"]) for line in output_lines(captured.out)}
+    assert got == {
+        "pass": ("verified", None),
+        "wrong": ("contradicted", None),
+        "missing": ("unrunnable", "unreached-input"),
+        "syntax": ("uncheckable", "invalid-shell-syntax"),
+    }
+    assert "line 5: not valid JSON" in captured.err
+
+
+def test_real_run_exits_zero_when_nothing_is_contradicted(data_dir: Path, capsys: Any) -> None:
+    """A file whose claims all verify exits 0 and reports each check's exit code."""
+    path = write_claims(
+        data_dir, claim("pass"), claim("rows", check="wc -l < results.txt", expect="7")
+    )
+    assert cli.main([str(path)]) == 0
+    lines = output_lines(capsys.readouterr().out)
+    assert [(line["verdict"], line["exit_code"]) for line in lines] == [("verified", 0)] * 2
+
+
+def subprocess_env() -> dict[str, str]:
+    """An environment in which a child `python -m grader` imports the same packages as the tests."""
+    roots = {
+        str(Path(module.__file__ or "").resolve().parent.parent) for module in (grader, boundedproc)
+    }
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*sorted(roots), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_module_runs_the_example_claims(tmp_path: Path) -> None:
+    """`python -m grader examples/claims.jsonl` reaches every verdict and exits 1 (a refutation)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "grader", str(REPO / "examples" / "claims.jsonl"), "--jobs", "2"],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    lines = output_lines(proc.stdout)
+    assert {line["verdict"] for line in lines} == {v.value for v in Verdict}
+    assert any(line["duplicate_of"] for line in lines)
+    assert "total" in proc.stderr
+
+
+def wait_for(predicate: Any, bound: float) -> bool:
+    """Poll predicate with a bound."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
+
+
+def gone(pid: int) -> bool:
+    """Whether pid no longer runs (a zombie counts as dead)."""
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture
+def leftovers() -> Iterator[list[int]]:
+    """Pids to kill at teardown if still alive, so a failing test leaves nothing behind."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_interrupt_kills_running_checks(tmp_path: Path, leftovers: list[int]) -> None:
+    """SIGINT to the grader cancels running checks, leaves no process, and exits 130."""
+    check = 'echo $$ >> pids.txt; sleep 60 & echo $! >> pids.txt; wait; echo "n=$((1 + 1))"'
+    path = write_claims(tmp_path, claim("slow", check=check, expect="n=2"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grader", str(path), "--timeout", "120"],
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    leftovers.append(proc.pid)
+    pid_file = tmp_path / "pids.txt"
+    try:
+        assert wait_for(
+            lambda: len(pid_file.read_text().split()) == 2 if pid_file.exists() else False, 30
+        )
+        pids = [int(p) for p in pid_file.read_text().split()]
+        leftovers.extend(pids)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert all(wait_for(lambda pid=pid: gone(pid), 5) for pid in pids)

@@ -1,0 +1,581 @@
+"""The run() contract of SPEC section 2, pinned against real processes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import boundedproc
+from boundedproc import Cancel, ProcessFailed, Result, run
+from conftest import alive, group_members, pids_in, wait_dead
+
+PY = sys.executable
+BG = "echo $$; sleep 60 & echo $!; wait"
+
+
+# ---- the group dies ---------------------------------------------------------------
+
+def test_deadline_kills_background_descendant(reaper: list[int]) -> None:
+    """A deadline on `sleep 60 & wait` empties the group and kills the background pid."""
+    r = run(["bash", "-c", BG], timeout=0.3)
+    leader, bg = pids_in(r.stdout)
+    reaper.append(bg)
+    assert r.timed_out and r.exit_code == boundedproc.DEADLINE_EXIT_CODE
+    assert r.pid == leader
+    assert wait_dead([bg]) == []
+    assert group_members(leader) == []
+
+
+def test_subprocess_control_leaves_descendant_alive(tmp_path: Path, reaper: list[int]) -> None:
+    """Control: subprocess.run(timeout=) kills bash alone and its `sleep` survives."""
+    pidfile = tmp_path / "pids"
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run(["bash", "-c", f"echo $! > {pidfile}; sleep 60 & echo $! > {pidfile}; wait"],
+                       timeout=0.5, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bg = int(pidfile.read_text())
+    reaper.append(bg)
+    assert alive(bg)
+
+
+def test_leader_exit_kills_the_rest(reaper: list[int]) -> None:
+    """`echo hi; sleep 60 &` returns once bash exits, with `hi`, and the sleep is gone."""
+    r = run(["bash", "-c", "echo hi; sleep 60 & echo $!"], timeout=30)
+    bg = pids_in(r.stdout)[0]
+    reaper.append(bg)
+    assert r.stdout.startswith(b"hi\n")
+    assert r.exit_code == 0 and not r.timed_out and r.ok
+    assert r.duration < 10
+    assert wait_dead([bg]) == []
+
+
+def test_setsid_escapee_sets_escaped(reaper: list[int]) -> None:
+    """A descendant in its own session holding the pipes: escaped is set within drain_grace."""
+    script = "setsid sh -c 'echo $$; exec sleep 30' & sleep 0.2; echo parent-done"
+    r = run(["bash", "-c", script], timeout=20, drain_grace=0.5, contain=False) \
+        if "contain" in run.__code__.co_varnames else \
+        run(["bash", "-c", script], timeout=20, drain_grace=0.5)
+    reaper.extend(pids_in(r.stdout))
+    assert r.escaped
+    assert not r.timed_out
+    assert r.duration < 10
+    assert b"parent-done" in r.stdout
+
+
+def test_kill_grace_sigkills_a_group_that_traps_sigterm() -> None:
+    """A group that ignores SIGTERM is SIGKILLed once kill_grace has passed."""
+    r = run(["bash", "-c", "trap '' TERM; sleep 30 & wait"], timeout=0.2, kill_grace=0.8)
+    assert r.timed_out and r.exit_code == 124
+    assert r.term_signal == signal.SIGKILL
+    assert r.duration >= 0.9
+
+
+def test_kill_grace_ends_early_when_the_group_exits() -> None:
+    """A group that exits on SIGTERM ends the grace early, long before it runs out."""
+    r = run(["sleep", "30"], timeout=0.2, kill_grace=20)
+    assert r.timed_out and r.exit_code == 124
+    assert r.term_signal == signal.SIGTERM
+    assert r.duration < 10
+
+
+def test_killed_run_never_reports_zero() -> None:
+    """A command that exits 0 on SIGTERM after the deadline still reports 124."""
+    r = run(["bash", "-c", "trap 'exit 0' TERM; sleep 30 & wait"], timeout=0.2, kill_grace=5)
+    assert r.timed_out and r.exit_code == 124 and not r.ok
+
+
+# ---- cancel ---------------------------------------------------------------------
+
+def test_cancel_before_spawn_spawns_nothing(tmp_path: Path) -> None:
+    """An already-set Cancel: nothing runs, cancelled, exit 137, no runner_error."""
+    marker = tmp_path / "marker"
+    c = Cancel()
+    c.cancel()
+    r = run(["touch", str(marker)], cancel=c)
+    assert not marker.exists()
+    assert r.cancelled and not r.spawned and r.pid is None
+    assert r.exit_code == boundedproc.CANCEL_EXIT_CODE
+    assert r.runner_error is None
+
+
+def test_cancel_mid_run_from_another_thread(reaper: list[int]) -> None:
+    """Cancel from a thread: group gone, cancelled, exit 137, not timed out."""
+    c = Cancel()
+    threading.Timer(0.3, c.cancel).start()
+    r = run(["bash", "-c", BG], timeout=30, cancel=c)
+    leader, bg = pids_in(r.stdout)
+    reaper.append(bg)
+    assert r.cancelled and not r.timed_out
+    assert r.exit_code == 137
+    assert wait_dead([bg]) == []
+    assert group_members(leader) == []
+
+
+def test_one_cancel_shared_by_many_runs() -> None:
+    """One Cancel ends several concurrent runs, and stays set for later runs."""
+    c = Cancel()
+    results: list[Result] = []
+    threads = [threading.Thread(target=lambda: results.append(run(["sleep", "30"], cancel=c)))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    c.cancel()
+    c.cancel()  # idempotent
+    for t in threads:
+        t.join(20)
+    assert len(results) == 3 and all(r.cancelled for r in results)
+    assert c.cancelled and run(["true"], cancel=c).cancelled
+
+
+# ---- the output cap --------------------------------------------------------------
+
+INTERLEAVE = textwrap.dedent("""
+    import sys
+    for i in range(20):
+        stream = sys.stdout if i % 2 == 0 else sys.stderr
+        stream.write(chr(65 + i) * 1000)
+        stream.flush()
+    sys.exit(3)
+""")
+
+
+def test_combined_cap_keeps_exactly_max_output() -> None:
+    """Interleaved writes: exactly max_output kept across both streams, all bytes counted."""
+    r = run([PY, "-c", INTERLEAVE], max_output=5500)
+    assert len(r.stdout) + len(r.stderr) == 5500
+    assert r.output_bytes == 20000
+    assert r.output_truncated
+    assert r.exit_code == 3  # truncate lets the command finish with its own status
+    # Each stream keeps a prefix of what was written to it.
+    assert b"".join(bytes([65 + i]) * 1000 for i in range(0, 20, 2)).startswith(r.stdout)
+    assert b"".join(bytes([65 + i]) * 1000 for i in range(1, 20, 2)).startswith(r.stderr)
+
+
+def test_cap_keeps_the_first_bytes_in_arrival_order() -> None:
+    """With merge_stderr the kept bytes are exactly the first max_output of the stream."""
+    r = run([PY, "-c", INTERLEAVE], max_output=5500, merge_stderr=True)
+    expected = b"".join(bytes([65 + i]) * 1000 for i in range(20))[:5500]
+    assert r.stdout == expected and r.stderr == b""
+
+
+def test_no_cap_and_exact_cap_are_not_truncated() -> None:
+    """Output of exactly max_output bytes, or with no cap, is not flagged truncated."""
+    r = run([PY, "-c", INTERLEAVE], max_output=20000)
+    assert not r.output_truncated and len(r.stdout) + len(r.stderr) == 20000
+    r = run([PY, "-c", INTERLEAVE], max_output=None)
+    assert not r.output_truncated and r.output_bytes == 20000
+
+
+def test_overflow_kill_ends_at_once() -> None:
+    """`yes` under on_overflow='kill' is killed at the cap: 137, SIGKILL, cap kept."""
+    r = run(["yes"], max_output=1 << 20, on_overflow="kill", timeout=30)
+    assert r.exit_code == 137 and r.term_signal == signal.SIGKILL
+    assert r.output_truncated and len(r.stdout) == 1 << 20
+    assert not r.timed_out and r.duration < 10
+
+
+def test_truncate_keeps_reading_so_writer_never_blocks() -> None:
+    """Under truncate a writer of 8 MiB finishes though only 1 KiB is kept."""
+    r = run([PY, "-c", "import sys; sys.stdout.buffer.write(b'x' * (8 << 20))"],
+            max_output=1024, timeout=30)
+    assert r.exit_code == 0 and r.output_truncated
+    assert r.output_bytes == 8 << 20 and len(r.stdout) == 1024
+
+
+def test_max_output_zero_keeps_nothing() -> None:
+    """max_output=0 keeps no byte and flags any output as truncated."""
+    r = run(["echo", "x"], max_output=0)
+    assert r.stdout == b"" and r.output_truncated and r.output_bytes == 2
+
+
+# ---- argument vectors --------------------------------------------------------------
+
+ECHO_ARGV = "import os, sys; sys.stdout.buffer.write(b'\\0'.join(os.fsencode(a) for a in sys.argv[1:]))"
+
+
+def test_argv_is_delivered_byte_exact() -> None:
+    """Quotes, $(), backticks, newlines, spaces and non-UTF-8 bytes reach the child as given."""
+    args = [b"'single'", b'"double"', b"$(touch /tmp/bp-never)", b"`id`", b"a\nb", b" sp ",
+            b"\xff\xfe", b"*", b"", "é".encode()]
+    r = run([PY, "-c", ECHO_ARGV, *args])
+    assert r.stdout.split(b"\0") == args
+    assert not os.path.exists("/tmp/bp-never")
+
+
+def test_pathlike_and_str_entries() -> None:
+    """Entries may be str, bytes or os.PathLike; args reports them as str."""
+    r = run([Path(PY), "-c", ECHO_ARGV, Path("/a/b"), b"c"])
+    assert r.stdout == b"/a/b\0c"
+    assert r.args == (PY, "-c", ECHO_ARGV, "/a/b", "c")
+
+
+def test_bash_n_parses_without_executing(tmp_path: Path) -> None:
+    """`bash -n -c CHECK` parses the check and never runs it."""
+    marker = tmp_path / "ran"
+    ok = run(["bash", "-n", "-c", f"touch {marker}"])
+    assert ok.exit_code == 0 and not marker.exists()
+    bad = run(["bash", "-n", "-c", "if then fi ("])
+    assert bad.exit_code != 0 and b"syntax error" in bad.stderr
+
+
+# ---- stdin ---------------------------------------------------------------------
+
+HASH_STDIN = "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())"
+
+
+def test_stdin_payload_arrives_byte_exact() -> None:
+    """A payload with NUL bytes and multibyte text arrives byte-exact."""
+    payload = b"\0a\0" + "héllo ✓ 日本".encode() + b"\xff"
+    r = run([PY, "-c", HASH_STDIN], stdin=payload)
+    assert r.stdout.decode().strip() == hashlib.sha256(payload).hexdigest()
+    assert r.stdin_delivered and r.runner_error is None
+
+
+def test_stdin_str_is_utf8() -> None:
+    """A str payload is sent as UTF-8."""
+    r = run(["cat"], stdin="é✓")
+    assert r.stdout == "é✓".encode()
+
+
+def test_large_stdin_payload_to_a_reader() -> None:
+    """A 4 MiB payload reaches a reader whole."""
+    payload = os.urandom(4 << 20)
+    r = run([PY, "-c", HASH_STDIN], stdin=payload, timeout=60)
+    assert r.stdout.decode().strip() == hashlib.sha256(payload).hexdigest()
+    assert r.stdin_delivered
+
+
+def test_no_payload_means_eof_at_once() -> None:
+    """Without a payload stdin is closed at once: `cat` sees EOF and exits."""
+    r = run(["cat"], timeout=30)
+    assert r.exit_code == 0 and not r.timed_out and r.stdout == b""
+
+
+def test_unread_stdin_is_reported_not_raised() -> None:
+    """A child that never reads a 4 MiB payload keeps its status; stdin_delivered is False."""
+    r = run(["sh", "-c", "sleep 0.1; exit 3"], stdin=b"x" * (4 << 20), timeout=30)
+    assert r.exit_code == 3
+    assert not r.stdin_delivered and not r.ok
+    assert r.runner_error is not None and r.runner_error.startswith("stdin not delivered: ")
+
+
+def test_deadline_fires_while_child_holds_stdin() -> None:
+    """A child that holds stdin open unread does not stop the deadline."""
+    r = run(["sleep", "30"], stdin=b"x" * (4 << 20), timeout=0.3)
+    assert r.timed_out and r.exit_code == 124 and not r.stdin_delivered
+
+
+# ---- environment and PATH ----------------------------------------------------------
+
+SHOW = "import os; print(os.environ.get('BP_A'), os.environ.get('BP_B'))"
+
+
+def test_env_merge_and_replace_same_for_shell_and_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """merge adds and removes (None) over the caller's env; replace gives env alone."""
+    monkeypatch.setenv("BP_B", "inherited")
+    for env, mode, expected in (
+        ({"BP_A": "1"}, "merge", "1 inherited"),
+        ({"BP_A": "1", "BP_B": None}, "merge", "1 None"),
+        ({"BP_A": "1", "PATH": os.environ["PATH"]}, "replace", "1 None"),
+    ):
+        argv = run([PY, "-c", SHOW], env=env, env_mode=mode, text=True)  # type: ignore[arg-type]
+        sh = run(f"{PY} -c \"{SHOW}\"", shell=True, env=env, env_mode=mode, text=True)  # type: ignore[arg-type]
+        assert argv.stdout.strip() == sh.stdout.strip() == expected
+
+
+def test_replace_gives_exactly_env() -> None:
+    """env_mode='replace' gives the child exactly env and nothing else."""
+    r = run(["/usr/bin/env"], env={"ONLY": "this"}, env_mode="replace")
+    assert r.stdout == b"ONLY=this\n"
+
+
+def test_path_lookup_uses_the_childs_env(tmp_path: Path) -> None:
+    """cmd[0] is found on the child's PATH; without a PATH, os.defpath is searched."""
+    tool = tmp_path / "bp-tool"
+    tool.write_text("#!/bin/sh\necho found-me\n")
+    tool.chmod(0o755)
+    r = run(["bp-tool"], env={"PATH": str(tmp_path)})
+    assert r.stdout == b"found-me\n"
+    missing = run(["bp-tool"])
+    assert not missing.spawned and missing.exit_code == 127 and "ENOENT" in missing.runner_error
+    assert run(["true"], env={}, env_mode="replace").exit_code == 0  # /bin from os.defpath
+    assert not run(["bp-tool"], env={}, env_mode="replace").spawned
+
+
+# ---- what the child inherits --------------------------------------------------------
+
+def test_child_has_default_sigpipe() -> None:
+    """SIGPIPE is at its default in the child: `yes | head -c 10` kills yes by SIGPIPE."""
+    r = run(["bash", "-c", 'yes | head -c 10; echo "${PIPESTATUS[0]}"'], timeout=20)
+    assert r.stdout == b"y\n" * 5 + b"141\n" and not r.timed_out and r.exit_code == 0
+    assert b"Broken pipe" not in r.stderr
+
+
+def test_child_has_default_dispositions_and_empty_mask() -> None:
+    """Every ignored/handled signal is at default, and the mask is empty, after exec."""
+    code = textwrap.dedent("""
+        import signal
+        print(signal.pthread_sigmask(signal.SIG_BLOCK, []) == set())
+        for line in open('/proc/self/status'):
+            if line.startswith(('SigIgn', 'SigBlk')):
+                print(line.split()[1])
+    """)
+    old = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        r = run([PY, "-c", code], text=True)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    lines = r.stdout.split()
+    assert lines[0] == "True"
+    # Python itself ignores SIGPIPE and SIGXFSZ at startup; nothing more must be ignored.
+    ignored = int(lines[2], 16) if lines[1].startswith("0") and len(lines) > 2 else int(lines[1], 16)
+    assert not ignored & (1 << (signal.SIGUSR1 - 1))
+
+
+def test_child_sees_only_stdio_fds() -> None:
+    """An inheritable fd of the caller is not open in the child: only 0, 1, 2."""
+    fd = os.open("/dev/null", os.O_RDONLY)
+    os.set_inheritable(fd, True)
+    try:
+        r = run(["sh", "-c", "ls /proc/$$/fd"], text=True)
+    finally:
+        os.close(fd)
+    assert sorted(int(x) for x in r.stdout.split()) == [0, 1, 2]
+
+
+def test_child_stdin_is_a_pipe_not_a_terminal() -> None:
+    """The child's stdin is a pipe, never the caller's terminal."""
+    code = "import os, stat; print(os.isatty(0), stat.S_ISFIFO(os.fstat(0).st_mode))"
+    r = run([PY, "-c", code], text=True)
+    assert r.stdout.split() == ["False", "True"]
+
+
+def test_child_leads_a_new_session() -> None:
+    """The child is the leader of a new session and process group."""
+    code = "import os; print(os.getpid() == os.getsid(0) == os.getpgid(0))"
+    r = run([PY, "-c", code], text=True)
+    assert r.stdout.strip() == "True"
+    assert os.getsid(0) != r.pid
+
+
+# ---- exit codes ------------------------------------------------------------------
+
+def test_own_exit_status() -> None:
+    """A command that exits on its own reports its status."""
+    r = run(["sh", "-c", "exit 5"])
+    assert r.exit_code == 5 and r.term_signal is None and not r.ok
+
+
+def test_signal_the_runner_did_not_send() -> None:
+    """A leader killed by a signal the runner did not send reports 128+N."""
+    r = run(["sh", "-c", "kill -USR1 $$"])
+    assert r.exit_code == 128 + signal.SIGUSR1 and r.term_signal == signal.SIGUSR1
+
+
+def test_missing_program_is_127_with_errno_name() -> None:
+    """A missing program: not spawned, 127, `spawn failed: ENOENT` naming it."""
+    r = run(["/no/such/program-x"])
+    assert not r.spawned and r.exit_code == 127 and r.pid is None
+    assert r.runner_error.startswith("spawn failed: ") and "ENOENT" in r.runner_error
+    assert "/no/such/program-x" in r.runner_error
+
+
+def test_non_executable_file_is_126(tmp_path: Path) -> None:
+    """A file without execute permission is 126 (EACCES)."""
+    f = tmp_path / "noexec"
+    f.write_text("#!/bin/sh\necho hi\n")
+    f.chmod(0o644)
+    r = run([str(f)])
+    assert r.exit_code == 126 and "EACCES" in r.runner_error and not r.spawned
+
+
+def test_enoexec_is_126_and_never_handed_to_sh(tmp_path: Path) -> None:
+    """An executable without a shebang (ENOEXEC) is 126, never run by /bin/sh."""
+    marker = tmp_path / "marker"
+    f = tmp_path / "script"
+    f.write_text(f"touch {marker}\n")
+    f.chmod(0o755)
+    r = run([str(f)])
+    assert r.exit_code == 126 and "ENOEXEC" in r.runner_error
+    assert not marker.exists()
+
+
+def test_cwd_missing_or_not_a_directory(tmp_path: Path) -> None:
+    """A missing cwd is ENOENT and a file cwd is ENOTDIR: spawn failed, 127."""
+    missing = run(["true"], cwd=tmp_path / "nope")
+    assert missing.exit_code == 127 and "ENOENT" in missing.runner_error
+    assert missing.runner_error.startswith("spawn failed: ")
+    f = tmp_path / "file"
+    f.write_text("")
+    notdir = run(["true"], cwd=f)
+    assert notdir.exit_code == 127 and "ENOTDIR" in notdir.runner_error
+
+
+def test_cwd_is_entered(tmp_path: Path) -> None:
+    """The child starts in cwd."""
+    r = run(["pwd"], cwd=tmp_path, text=True)
+    assert os.path.samefile(r.stdout.strip(), tmp_path)
+
+
+def test_nul_bytes_are_returned_not_raised() -> None:
+    """NUL bytes in argv, env or cwd give `not spawned:` results, exit 127."""
+    for kwargs in ({"cmd": ["echo", "a\0b"]}, {"cmd": ["echo"], "env": {"A": "x\0"}},
+                   {"cmd": ["echo"], "cwd": "/tmp\0x"}, {"cmd": ["echo"], "env": {"A=B": "x"}}):
+        cmd = kwargs.pop("cmd")
+        r = run(cmd, **kwargs)  # type: ignore[arg-type]
+        assert not r.spawned and r.exit_code == 127
+        assert r.runner_error.startswith("not spawned: ")
+
+
+def test_e2big_is_returned() -> None:
+    """An argument over the kernel's limit is `spawn failed: E2BIG`, not an exception."""
+    r = run(["echo", "x" * (1 << 20)])
+    assert not r.spawned and "E2BIG" in r.runner_error and r.exit_code in (126, 127)
+
+
+# ---- caller bugs raise ------------------------------------------------------------
+
+@pytest.mark.parametrize("cmd, kwargs, exc", [
+    ("echo hi", {}, ValueError),
+    (["echo", "hi"], {"shell": True}, ValueError),
+    ([], {}, ValueError),
+    (b"echo", {}, TypeError),
+    (["echo", 3], {}, TypeError),
+    (["true"], {"timeout": -1}, ValueError),
+    (["true"], {"timeout": float("nan")}, ValueError),
+    (["true"], {"timeout": "1"}, TypeError),
+    (["true"], {"max_output": -1}, ValueError),
+    (["true"], {"max_output": 1.5}, TypeError),
+    (["true"], {"on_overflow": "explode"}, ValueError),
+    (["true"], {"env_mode": "mix"}, ValueError),
+    (["true"], {"stdin": 5}, TypeError),
+    (["true"], {"kill_grace": -0.1}, ValueError),
+    (["true"], {"drain_grace": float("nan")}, ValueError),
+    (["true"], {"cancel": object()}, TypeError),
+    (["true"], {"env": ["A=B"]}, TypeError),
+])
+def test_caller_bugs_raise_before_spawn(cmd: object, kwargs: dict, exc: type) -> None:
+    """Wrong types, bad bounds, unknown modes and shell mismatches raise at once."""
+    with pytest.raises(exc):
+        run(cmd, **kwargs)  # type: ignore[arg-type]
+
+
+def test_shell_forms() -> None:
+    """shell=True runs /bin/sh -c; shell='bash' runs bash -c."""
+    r = run("echo $0", shell=True, text=True)
+    assert r.args == ("/bin/sh", "-c", "echo $0") and r.stdout.strip() == "/bin/sh"
+    r = run("echo ${BASH_VERSION:+bash}", shell="bash", text=True)
+    assert r.stdout.strip() == "bash" and r.args[0] == "bash"
+
+
+# ---- results ------------------------------------------------------------------
+
+def test_result_is_frozen_and_check_raises() -> None:
+    """Result is frozen; check() returns ok results and raises ProcessFailed otherwise."""
+    r = run(["true"])
+    assert r.check() is r and r.ok
+    with pytest.raises(AttributeError):
+        r.exit_code = 3  # type: ignore[misc]
+    bad = run(["false"])
+    with pytest.raises(ProcessFailed) as info:
+        bad.check()
+    assert info.value.result is bad
+
+
+def test_text_mode_replaces_invalid_utf8() -> None:
+    """text=True decodes UTF-8 with replacement characters for invalid bytes."""
+    r = run([PY, "-c", "import sys; sys.stdout.buffer.write(b'ok \\xff'); sys.stderr.write('e')"],
+            text=True)
+    assert r.stdout == "ok \ufffd" and r.stderr == "e"
+
+
+def test_rusage_fields() -> None:
+    """user_time, system_time and max_rss come from wait4 on the leader."""
+    r = run([PY, "-c", "x = sum(range(3_000_000))"])
+    assert r.user_time > 0 and r.max_rss > 0 and r.duration > 0
+
+
+# ---- concurrency, interruption, leaks ----------------------------------------------
+
+def test_threads_run_concurrently() -> None:
+    """8 threads each running `sleep 1` finish together, not one after another."""
+    start = time.monotonic()
+    threads = [threading.Thread(target=run, args=(["sleep", "1"],)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.monotonic() - start < 5  # sequential would be 8 s
+
+
+CTRL_C = textwrap.dedent("""
+    import sys, threading, time
+    from boundedproc import run
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # another thread
+    run(["bash", "-c", "echo $$ > {f}.tmp; sleep 60 & echo $! >> {f}.tmp; mv {f}.tmp {f}; wait"],
+        timeout=60)
+""")
+
+
+def test_ctrl_c_kills_the_group_and_reraises(tmp_path: Path, reaper: list[int]) -> None:
+    """SIGINT during run() kills the group, reaps it and raises KeyboardInterrupt promptly."""
+    f = tmp_path / "pids"
+    child = subprocess.Popen([PY, "-c", CTRL_C.format(f=f)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while not f.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pids = pids_in(f.read_text())
+        reaper.extend(pids)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=10)
+    finally:
+        child.kill()
+    assert b"KeyboardInterrupt" in err
+    assert wait_dead(pids) == []
+
+
+def test_thread_exit_watch_fallback() -> None:
+    """The watcher-thread fallback (no pidfd) ends runs the same way."""
+    from boundedproc import _native
+    spec = _native.NativeSpec(
+        argv=[b"bash", b"-c", BG.encode()], exec_paths=[b"/bin/bash", b"/usr/bin/bash"],
+        envp=None, cwd=None, stdin=b"", timeout_ns=300_000_000, max_output=-1,
+        overflow_kill=False, merge_stderr=False, cancel_fd=-1, cancel_fd2=-1,
+        kill_grace_ns=0, drain_grace_ns=2_000_000_000, rlimits_soft=[-1] * 5,
+        rlimits_hard=[-1] * 5, exit_watch=_native.WATCH_THREAD)
+    out = _native.execute(spec)
+    assert out.exit_watch == _native.WATCH_THREAD
+    assert out.timed_out and out.exit_code == 124
+    assert wait_dead(pids_in(out.stdout)) == []
+    quick = _native.execute(_native.NativeSpec(**{**{f: getattr(spec, f) for f in spec.__slots__},
+                                                  "argv": [b"bash", b"-c", b"exit 7"]}))
+    assert quick.exit_code == 7 and not quick.timed_out
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_no_fd_leak_over_10000_runs() -> None:
+    """10,000 runs (with failures mixed in) keep the caller's fd count flat."""
+    run(["true"])
+    before = _fd_count()
+    for i in range(10_000):
+        if i % 1000 == 1:
+            run(["/no/such"])
+        elif i % 1000 == 2:
+            run(["sleep", "5"], timeout=0.001)
+        else:
+            run(["/bin/true"])
+    assert _fd_count() == before
