@@ -334,17 +334,18 @@ def outcome_json(outcome: ClaimOutcome) -> str:
 
 
 def _summary(outcomes: Sequence[ClaimOutcome], malformed: int, elapsed: float) -> str:
-    counts = {verdict: 0 for verdict in Verdict}
+    """The table printed to stderr at the end: claims per verdict, total, malformed, time."""
+    counts = {verdict.value: 0 for verdict in Verdict}
     for outcome in outcomes:
-        counts[outcome.grade.verdict] += 1
-    width = max(len(verdict.value) for verdict in Verdict)
-    rows = [f"{'verdict':<{width}}  {'claims':>6}"]
-    rows += [f"{verdict.value:<{width}}  {counts[verdict]:>6}" for verdict in Verdict]
-    rows.append(f"{'total':<{width}}  {len(outcomes):>6}")
+        counts[outcome.grade.verdict.value] += 1
+    rows = [*counts.items(), ("total", len(outcomes))]
     if malformed:
-        rows.append(f"{'malformed lines':<{width}}  {malformed:>6}")
-    rows.append(f"graded in {elapsed:.2f} s")
-    return "\n".join(rows)
+        rows.append(("malformed lines", malformed))
+    width = max(len(label) for label, _ in rows)
+    lines = [f"{'verdict':<{width}}  {'claims':>6}"]
+    lines += [f"{label:<{width}}  {count:>6}" for label, count in rows]
+    lines.append(f"graded in {elapsed:.2f} s")
+    return "\n".join(lines)
 
 
 class _Progress:

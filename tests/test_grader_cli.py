@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
@@ -44,7 +45,9 @@ def write_claims(directory: Path, *lines: object, name: str = "claims.jsonl") ->
     return path
 
 
-def claim(cid: str, check: str = "grep -c PARETO results.txt", expect: str = "6", **extra: Any):
+def claim(
+    cid: str, check: str = "grep -c PARETO results.txt", expect: str = "6", **extra: Any
+) -> dict[str, Any]:
     """A claim object as a claims file holds it (rung 4 unless overridden)."""
     return {"id": cid, "title": f"claim {cid}", "rung": 4, "check": check, "expect": expect} | extra
 
@@ -326,14 +329,14 @@ def test_progress_bar_only_on_a_terminal() -> None:
 
 def test_no_progress_bar_without_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without tqdm installed the command line draws no bar, even on a terminal."""
-    real_import = cli.importlib.import_module
+    real_import = importlib.import_module
 
     def no_tqdm(name: str, *args: Any) -> Any:
         if name == "tqdm":
             raise ImportError("No module named 'tqdm'")
         return real_import(name, *args)
 
-    monkeypatch.setattr(cli.importlib, "import_module", no_tqdm)
+    monkeypatch.setattr(importlib, "import_module", no_tqdm)
     stream = FakeTerminal()
     bar = cli._Progress(3, stream)
     bar.update(cli.ClaimOutcome("a", Grade(Verdict.VERIFIED), 0, 0.0))
