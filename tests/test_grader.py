@@ -728,9 +728,9 @@ def test_verify_check_reaches_bash_as_one_argument(tmp_path: Path) -> None:
     assert verified.grade == Grade(Verdict.VERIFIED), verified.execution
 
 
-def test_verify_environment_is_replaced(tmp_path: Path) -> None:
+def test_verify_environment_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The check sees only the env given (empty by default), nothing inherited."""
-    os.environ.setdefault("HOME", "/root")
+    monkeypatch.setenv("HOME", "/root")
     empty = verify_gradeable_evidence(ev('echo "home=[$HOME]"', "home=[]"), cwd=tmp_path)
     assert empty.grade.verdict is Verdict.VERIFIED
     named = verify_gradeable_evidence(
