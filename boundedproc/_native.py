@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno as _errno
 import os
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -31,7 +32,6 @@ def _load_core():  # type: ignore[no-untyped-def]
     except ImportError as first:
         import importlib.machinery
         import importlib.util
-        import sys
 
         here = os.path.dirname(os.path.abspath(__file__))
         for entry in sys.path:
@@ -73,6 +73,7 @@ NRLIMITS: int = lib.BP_NRLIMITS
 WATCH_AUTO: int = lib.BP_WATCH_AUTO
 WATCH_PIDFD: int = lib.BP_WATCH_PIDFD
 WATCH_THREAD: int = lib.BP_WATCH_THREAD
+WATCH_SUPERVISOR: int = lib.BP_WATCH_SUPERVISOR
 
 END_EXIT: int = lib.BP_END_EXIT
 END_DEADLINE: int = lib.BP_END_DEADLINE
@@ -110,6 +111,19 @@ if core_version() != __version__:  # pragma: no cover - only on a stale build
         f"boundedproc's compiled core is version {core_version()}, the package is "
         f"{__version__}: rebuild it (pip install .)"
     )
+
+
+def _find_supervisor() -> Optional[bytes]:
+    if not sys.platform.startswith("linux"):
+        return None
+    path = os.path.join(os.path.dirname(os.path.abspath(_bp.__file__)), "_bp_supervisor")
+    if os.access(path, os.X_OK):
+        return os.fsencode(path)
+    return None
+
+
+SUPERVISOR: Optional[bytes] = _find_supervisor()
+"""The containment supervisor's path, or None where containment is unavailable."""
 
 
 def pidfd_supported() -> bool:
@@ -157,7 +171,7 @@ class NativeSpec:
     rlimits_soft: Sequence[int]
     rlimits_hard: Sequence[int]
     exit_watch: int = WATCH_AUTO
-    contain: bool = False
+    supervisor: Optional[bytes] = None  # contained run: the supervisor's path
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +198,7 @@ class NativeOutcome:
     system_time: float
     max_rss: int
     exit_watch: int
+    unkilled: int
 
 
 # --- waking the poll loop for signals ------------------------------------------------
@@ -322,7 +337,10 @@ def execute(spec: NativeSpec) -> NativeOutcome:
     c.kill_grace_ns = spec.kill_grace_ns
     c.drain_grace_ns = spec.drain_grace_ns
     c.exit_watch = spec.exit_watch
-    c.contain = int(spec.contain)
+    if spec.supervisor is not None:
+        sup = ffi.new("char[]", spec.supervisor)
+        keep.append(sup)
+        c.supervisor = sup
     for i in range(NRLIMITS):
         c.rlimits_soft[i] = spec.rlimits_soft[i]
         c.rlimits_hard[i] = spec.rlimits_hard[i]
@@ -373,4 +391,5 @@ def execute(spec: NativeSpec) -> NativeOutcome:
         system_time=res.system_time,
         max_rss=res.max_rss,
         exit_watch=res.exit_watch,
+        unkilled=res.unkilled,
     )

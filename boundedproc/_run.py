@@ -214,6 +214,7 @@ def run(
     kill_grace: float = 0.0,
     drain_grace: float = 2.0,
     limits: Optional[Limits] = None,
+    contain: Optional[bool] = None,
 ) -> Result:
     """Run a command to completion within bounds, killing its whole group.
 
@@ -253,6 +254,13 @@ def run(
             reaped; if something outside the group still holds them then,
             reading stops and ``escaped`` is set.
         limits: Resource limits for the child (``setrlimit`` before exec).
+        contain: Kill, at the end, also the descendants that left the group
+            (``setsid``, double fork, daemonising), and every process of the
+            run if the caller dies, even by SIGKILL.  A small supervisor
+            process, a child subreaper, sits between the caller and the
+            command for this (the caller itself never becomes a subreaper).
+            ``None`` (the default) means on where supported (Linux);
+            ``True`` where unsupported raises ``ValueError``.
 
     Returns:
         A ``Result``.  Everything about the command's content or the OS (a NUL
@@ -330,6 +338,12 @@ def run(
         raise TypeError(f"cancel must be a boundedproc.Cancel, not {type(cancel).__name__}")
     if limits is not None and not isinstance(limits, Limits):
         raise TypeError(f"limits must be a boundedproc.Limits, not {type(limits).__name__}")
+    if contain is not None and not isinstance(contain, bool):
+        raise TypeError(f"contain must be a bool or None, not {type(contain).__name__}")
+    if contain and _native.SUPERVISOR is None:
+        raise ValueError("contain=True needs Linux and the boundedproc supervisor; "
+                         "pass contain=None to contain where supported")
+    supervisor = _native.SUPERVISOR if contain is not False else None
 
     # ---- content that cannot reach a process: returned, not raised ------------
     also_cancel = ALSO_CANCEL.get()
@@ -382,6 +396,7 @@ def run(
         drain_grace_ns=_ns(drain_grace_s),
         rlimits_soft=soft,
         rlimits_hard=hard,
+        supervisor=supervisor,
     )
     out = _native.execute(spec)
     return _to_result(out, raw_args, cwd_b, len(payload), text, started)
@@ -421,7 +436,7 @@ def _to_result(out: _native.NativeOutcome, args: Sequence[bytes], cwd: Optional[
         timed_out=out.timed_out,
         cancelled=out.cancelled,
         output_truncated=out.output_truncated,
-        escaped=out.escaped,
+        escaped=out.escaped or out.unkilled > 0,
         spawned=out.spawned,
         stdin_delivered=out.stdin_delivered,
         runner_error=_runner_error(out, args, cwd, payload_len),

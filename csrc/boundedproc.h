@@ -75,6 +75,7 @@
 #define BP_WATCH_AUTO 0
 #define BP_WATCH_PIDFD 1
 #define BP_WATCH_THREAD 2
+#define BP_WATCH_SUPERVISOR 3
 
 struct bp_spec {
     char *const *exec_paths;      /* NULL-terminated candidates for execve, tried in order */
@@ -93,7 +94,7 @@ struct bp_spec {
     int64_t kill_grace_ns;        /* SIGTERM, then SIGKILL after this; 0: SIGKILL at once */
     int64_t drain_grace_ns;       /* after the reap, read pipes at most this long */
     int exit_watch;               /* BP_WATCH_*: AUTO picks pidfd where the kernel has it */
-    int contain;                  /* reserved for the containment supervisor */
+    const char *supervisor;       /* path of the containment supervisor; NULL: not contained */
     int64_t rlimits_soft[5];      /* BP_NRLIMITS entries, < 0: unchanged */
     int64_t rlimits_hard[5];
 };
@@ -119,6 +120,7 @@ struct bp_result {
     double system_time;
     int64_t max_rss;              /* bytes */
     int exit_watch;               /* BP_WATCH_* actually used */
+    int unkilled;                 /* contained run: adopted processes that could not be killed */
 };
 
 struct bp_run;

@@ -61,6 +61,8 @@ struct bp_run {
     int64_t next_group_check_ns;
     int64_t group_check_step_ns;
     int sigkill_sent;
+    pid_t sup_pid;          /* the containment supervisor (our child), 0: none */
+    int ctl_fd;             /* our end of its command socket, -1: none */
 };
 
 /* spawn.c */

@@ -9,10 +9,12 @@
  * healthy, and no SIGCHLD handler is installed.
  */
 #include "bp_internal.h"
+#include "bp_supervisor.h"
 
 #include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -181,6 +183,7 @@ static void finish(struct bp_run *run)
     close_stdin(run);
     bp__close_fd(&run->exit_fd);
     bp__close_fd(&run->watch_pipe_w);
+    bp__close_fd(&run->ctl_fd);
     bp__finish_result(run);
     run->phase = BP_PHASE_DONE;
 }
@@ -293,6 +296,10 @@ static void *watcher_main(void *p)
 static int start_exit_watch(struct bp_run *run)
 {
     int mode = run->spec->exit_watch;
+    if (run->sup_pid > 0) {
+        run->res->exit_watch = BP_WATCH_SUPERVISOR;  /* its status socket is exit_fd */
+        return 0;
+    }
 #if defined(__linux__) && defined(SYS_pidfd_open)
     if (mode == BP_WATCH_AUTO || mode == BP_WATCH_PIDFD) {
         int fd = pidfd_open_(run->pid);
@@ -333,6 +340,28 @@ static int start_exit_watch(struct bp_run *run)
     return 0;
 }
 
+/* The exit fd is readable: a pidfd (the leader exited), the watcher's pipe,
+ * or the supervisor's status socket (BP_MSG_EXITED, or EOF if it died). */
+static void note_exit_event(struct bp_run *run)
+{
+    if (run->sup_pid <= 0) {
+        run->leader_exited = 1;
+        return;
+    }
+    struct bp_sup_msg m;
+    ssize_t n;
+    do {
+        n = recv(run->exit_fd, &m, sizeof m, MSG_PEEK);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return;
+    if (n == (ssize_t)sizeof m && m.type != BP_MSG_EXITED)
+        return;  /* FINAL: left for the reap to read */
+    if (n == (ssize_t)sizeof m)
+        (void)recv(run->exit_fd, &m, sizeof m, 0);
+    run->leader_exited = 1;  /* EXITED, or EOF: the supervisor is gone */
+}
+
 /* ---- public entry points ------------------------------------------------ */
 
 /*
@@ -357,7 +386,7 @@ int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_run **
     }
     run->res = res;
     run->spec = spec;
-    run->exit_fd = run->watch_pipe_w = run->stdin_fd = -1;
+    run->exit_fd = run->watch_pipe_w = run->stdin_fd = run->ctl_fd = -1;
     run->out.fd = run->err.fd = -1;
     run->deadline_ns = -1;
     res->stdin_delivered = spec->stdin_len == 0;
@@ -508,7 +537,7 @@ int bp_wait(struct bp_run *run)
         if (idx[S_IN] >= 0 && fds[idx[S_IN]].revents != 0)
             write_stdin(run);
         if (idx[S_EXIT] >= 0 && fds[idx[S_EXIT]].revents != 0)
-            run->leader_exited = 1;
+            note_exit_event(run);
         int cancel_ready = (idx[S_CANCEL] >= 0 && fds[idx[S_CANCEL]].revents != 0)
                            || (idx[S_CANCEL2] >= 0 && fds[idx[S_CANCEL2]].revents != 0);
         if (cancel_ready && run->phase == BP_PHASE_RUNNING && !run->leader_exited) {

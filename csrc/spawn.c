@@ -8,22 +8,25 @@
  * functions, and allocates nothing: everything it needs was prepared first.
  */
 #include "bp_internal.h"
+#include "bp_child.h"
+#include "bp_supervisor.h"
 
 #include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #ifdef __linux__
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #endif
 
 extern char **environ;
 
-#ifndef CLOSE_RANGE_CLOEXEC
-#define CLOSE_RANGE_CLOEXEC (1U << 2)
-#endif
 
 /* What the child reports over the error pipe when it cannot exec. */
 struct child_error {
@@ -38,6 +41,10 @@ struct child_ctx {
     int out_w;
     int err_w;
     int errpipe_w;
+    char *const *sup_argv;  /* NULL: exec the command itself */
+    int ctl_fd;             /* supervisor's ends of the ctl and st sockets */
+    int st_fd;
+    pid_t parent;           /* the caller's pid, to detect its death before exec */
 };
 
 /* Move fd to 3 or above so that dup2() onto 0..2 in the child never
@@ -84,6 +91,33 @@ static int make_pipe(int p[2])
     return 0;
 }
 
+/* A close-on-exec socket pair, both ends above stdio. */
+static int make_socketpair(int p[2])
+{
+#ifdef SOCK_CLOEXEC
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) < 0)
+        return -1;
+#else
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, p) < 0)
+        return -1;
+    (void)fcntl(p[0], F_SETFD, FD_CLOEXEC);
+    (void)fcntl(p[1], F_SETFD, FD_CLOEXEC);
+#endif
+    p[0] = move_above_stdio(p[0]);
+    p[1] = move_above_stdio(p[1]);
+    if (p[0] < 0 || p[1] < 0) {
+        int saved = errno;
+        if (p[0] >= 0)
+            close(p[0]);
+        if (p[1] >= 0)
+            close(p[1]);
+        p[0] = p[1] = -1;
+        errno = saved;
+        return -1;
+    }
+    return 0;
+}
+
 static int set_nonblock(int fd)
 {
     int fl = fcntl(fd, F_GETFL);
@@ -104,27 +138,6 @@ __attribute__((noreturn)) static void child_fail(int fd, int stage, int err)
     _exit(BP_SPAWN_FAILURE_EXIT_CODE);
 }
 
-/* Leave only 0, 1, 2 (and keep, which is close-on-exec) open across exec. */
-static void close_other_fds(int keep)
-{
-#if defined(__linux__) && defined(SYS_close_range)
-    /* Marking is enough: every fd above 2 then closes at the exec. */
-    if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0)
-        return;
-    if (keep > 3 && syscall(SYS_close_range, 3U, (unsigned)(keep - 1), 0U) == 0
-        && syscall(SYS_close_range, (unsigned)(keep + 1), ~0U, 0U) == 0)
-        return;
-    if (keep == 3 && syscall(SYS_close_range, 4U, ~0U, 0U) == 0)
-        return;
-#endif
-    long max = sysconf(_SC_OPEN_MAX);
-    if (max < 0 || max > (1L << 20))
-        max = 1L << 20;
-    for (int fd = 3; fd < (int)max; fd++)
-        if (fd != keep)
-            close(fd);
-}
-
 static int rlimit_resource(int index)
 {
     switch (index) {
@@ -139,24 +152,17 @@ static int rlimit_resource(int index)
     }
 }
 
-/* Runs in the vfork child: set up and exec, or report why not and _exit. */
+/* Runs in the vfork child: set up and exec, or report why not and _exit.
+ * With a supervisor, the program exec'd is the supervisor, which starts the
+ * command itself (it keeps the ctl and st sockets across the exec). */
 __attribute__((noreturn, noinline)) static void child_main(const struct child_ctx *c)
 {
     const struct bp_spec *spec = c->spec;
     int efd = c->errpipe_w;
 
-    /* Python ignores SIGPIPE and may handle others: a check must start with
-     * every disposition at its default.  All signals are still blocked here
-     * (the parent blocked them before vfork), so no handler can run in this
-     * borrowed address space meanwhile. */
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    for (int sig = 1; sig < NSIG; sig++) {
-        if (sig == SIGKILL || sig == SIGSTOP)
-            continue;
-        (void)sigaction(sig, &dfl, NULL);
-    }
+    /* All signals are still blocked here (the parent blocked them before
+     * vfork), so no handler can run in this borrowed address space. */
+    bp_child_default_signals();
 
     if (setsid() < 0)
         child_fail(efd, BP_STAGE_SETSID, errno);
@@ -165,7 +171,11 @@ __attribute__((noreturn, noinline)) static void child_main(const struct child_ct
     if (dup2(c->in_r, 0) < 0 || dup2(c->out_w, 1) < 0 || dup2(err_target, 2) < 0)
         child_fail(efd, BP_STAGE_DUP, errno);
 
-    close_other_fds(efd);
+    int keep[3] = {efd, c->ctl_fd, c->st_fd};
+    bp_child_close_fds(keep, c->sup_argv != NULL ? 3 : 1);
+    if (c->sup_argv != NULL
+        && (fcntl(c->ctl_fd, F_SETFD, 0) < 0 || fcntl(c->st_fd, F_SETFD, 0) < 0))
+        child_fail(efd, BP_STAGE_SUPERVISOR, errno);
 
     for (int i = 0; i < BP_NRLIMITS; i++) {
         if (spec->rlimits_soft[i] < 0 && spec->rlimits_hard[i] < 0)
@@ -187,38 +197,43 @@ __attribute__((noreturn, noinline)) static void child_main(const struct child_ct
     if (spec->cwd != NULL && chdir(spec->cwd) < 0)
         child_fail(efd, BP_STAGE_CHDIR, errno);
 
+    char *const *envp = spec->envp != NULL ? spec->envp : environ;
+    if (c->sup_argv != NULL) {
+        /* The supervisor empties the mask itself once SIGCHLD is routed. */
+        execve(c->sup_argv[0], c->sup_argv, envp);
+        child_fail(efd, BP_STAGE_SUPERVISOR, errno);
+    }
+
+#ifdef __linux__
+    /* Uncontained run: at least the leader dies with the caller.  The
+     * signal fires when the spawning thread exits; that thread is blocked in
+     * the run for the leader's whole life, so this means the caller died. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+        child_fail(efd, BP_STAGE_PRCTL, errno);
+    if (getppid() != c->parent)
+        _exit(BP_SPAWN_FAILURE_EXIT_CODE);  /* the caller is already gone */
+#endif
+
     sigset_t none;
     sigemptyset(&none);
     (void)sigprocmask(SIG_SETMASK, &none, NULL);
+    child_fail(efd, BP_STAGE_EXEC, bp_child_exec(spec->exec_paths, spec->argv, envp));
+}
 
-    /* Try each candidate as execvp does, except that ENOEXEC is reported,
-     * never retried through /bin/sh. */
-    char *const *envp = spec->envp != NULL ? spec->envp : environ;
-    int saw_eacces = 0;
-    int last = ENOENT;
-    for (char *const *p = spec->exec_paths; *p != NULL; p++) {
-        execve(*p, spec->argv, envp);
-        int e = errno;
-        switch (e) {
-        case EACCES:
-            saw_eacces = 1;
-            last = e;
-            continue;
-        case ENOENT:
-        case ENOTDIR:
-        case ELOOP:
-        case ENAMETOOLONG:
-        case ESTALE:
-        case ENODEV:
-        case ETIMEDOUT:
-            if (!saw_eacces)
-                last = e;
-            continue;
-        default:
-            child_fail(efd, BP_STAGE_EXEC, e);
-        }
-    }
-    child_fail(efd, BP_STAGE_EXEC, saw_eacces ? EACCES : last);
+/* vfork with every signal blocked, so that no handler of the caller runs in
+ * the borrowed address space; the child empties its mask before exec.  Kept
+ * in a frame of its own so no caller variable is live across vfork(). */
+__attribute__((noinline)) static pid_t spawn_child(const struct child_ctx *ctx, int *err)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid_t pid = vfork();
+    if (pid == 0)
+        child_main(ctx);
+    *err = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return pid;
 }
 
 static void close_pair(int p[2])
@@ -249,26 +264,104 @@ static void spawn_failed(struct bp_run *run, int stage, int err)
     }
 }
 
+/* Build the supervisor's argv:
+ *   SUP CTL_FD ST_FD NCAND CAND... -- ARGV...
+ * Returns a malloc'd vector (strings in one block after it) or NULL. */
+static char **supervisor_argv(const struct bp_spec *spec, int ctl_fd, int st_fd)
+{
+    size_t ncand = 0, nargs = 0, bytes = 0;
+    for (char *const *p = spec->exec_paths; *p != NULL; p++, ncand++)
+        bytes += strlen(*p) + 1;
+    for (char *const *p = spec->argv; *p != NULL; p++, nargs++)
+        bytes += strlen(*p) + 1;
+    size_t slots = 5 + ncand + 1 + nargs + 1;
+    bytes += strlen(spec->supervisor) + 1 + 3 * 24;
+    char **v = malloc(slots * sizeof *v + bytes);
+    if (v == NULL)
+        return NULL;
+    char *s = (char *)(v + slots);
+    size_t i = 0;
+#define PUT(str)                         \
+    do {                                 \
+        size_t l_ = strlen(str) + 1;     \
+        memcpy(s, (str), l_);            \
+        v[i++] = s;                      \
+        s += l_;                         \
+    } while (0)
+    char num[24];
+    PUT(spec->supervisor);
+    snprintf(num, sizeof num, "%d", ctl_fd);
+    PUT(num);
+    snprintf(num, sizeof num, "%d", st_fd);
+    PUT(num);
+    snprintf(num, sizeof num, "%zu", ncand);
+    PUT(num);
+    for (char *const *p = spec->exec_paths; *p != NULL; p++)
+        PUT(*p);
+    PUT("--");
+    for (char *const *p = spec->argv; *p != NULL; p++)
+        PUT(*p);
+#undef PUT
+    v[i] = NULL;
+    return v;
+}
+
+static ssize_t read_full(int fd, void *buf, size_t len)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, (char *)buf + got, len - got);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (n == 0)
+            break;
+        got += (size_t)n;
+    }
+    return (ssize_t)got;
+}
+
 /*
- * bp__spawn: create the pipes and start the child.
- * Returns 0.  When the OS refuses (pipe, vfork, setsid, chdir, setrlimit or
- * execve failed), res->spawned is 0 and err_stage/err_errno say why; no fd is
- * left open and no child is left unreaped.  On success res->spawned is 1 and
- * run->pid, run->stdin_fd, run->out.fd, run->err.fd are set.
+ * bp__spawn: create the pipes and start the child (or, for a contained run,
+ * the supervisor that starts it).
+ * Returns 0.  When the OS refuses (pipe, vfork, setsid, chdir, setrlimit,
+ * execve, or the supervisor failed), res->spawned is 0 and err_stage/err_errno
+ * say why; no fd is left open and no child is left unreaped.  On success
+ * res->spawned is 1 and run->pid (the leader), run->stdin_fd, run->out.fd,
+ * run->err.fd are set; for a contained run also run->sup_pid, run->ctl_fd and
+ * run->exit_fd (the supervisor's status socket).
  */
 int bp__spawn(struct bp_run *run)
 {
     const struct bp_spec *spec = run->spec;
     int in_p[2] = {-1, -1}, out_p[2] = {-1, -1}, err_p[2] = {-1, -1}, ep[2] = {-1, -1};
+    int ctl[2] = {-1, -1}, st[2] = {-1, -1};
+    char **sup_argv = NULL;
+    int contained = spec->supervisor != NULL;
 
     if (make_pipe(in_p) < 0 || make_pipe(out_p) < 0
-        || (!spec->merge_stderr && make_pipe(err_p) < 0) || make_pipe(ep) < 0) {
+        || (!spec->merge_stderr && make_pipe(err_p) < 0) || make_pipe(ep) < 0
+        || (contained && (make_socketpair(ctl) < 0 || make_socketpair(st) < 0))) {
         int e = errno;
         close_pair(in_p);
         close_pair(out_p);
         close_pair(err_p);
         close_pair(ep);
+        close_pair(ctl);
+        close_pair(st);
         spawn_failed(run, BP_STAGE_PIPE, e);
+        return 0;
+    }
+    if (contained && (sup_argv = supervisor_argv(spec, ctl[1], st[1])) == NULL) {
+        close_pair(in_p);
+        close_pair(out_p);
+        close_pair(err_p);
+        close_pair(ep);
+        close_pair(ctl);
+        close_pair(st);
+        spawn_failed(run, BP_STAGE_ALLOC, ENOMEM);
         return 0;
     }
 #if defined(__linux__) && defined(F_SETPIPE_SZ)
@@ -282,54 +375,73 @@ int bp__spawn(struct bp_run *run)
     ctx.out_w = out_p[1];
     ctx.err_w = spec->merge_stderr ? out_p[1] : err_p[1];
     ctx.errpipe_w = ep[1];
+    ctx.sup_argv = sup_argv;
+    ctx.ctl_fd = ctl[1];
+    ctx.st_fd = st[1];
+    ctx.parent = getpid();
 
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid_t pid = vfork();
-    if (pid == 0)
-        child_main(&ctx);
-    int fork_errno = errno;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int fork_errno = 0;
+    pid_t pid = spawn_child(&ctx, &fork_errno);
+    free(sup_argv);
 
     bp__close_fd(&in_p[0]);
     bp__close_fd(&out_p[1]);
     bp__close_fd(&err_p[1]);
     bp__close_fd(&ep[1]);
+    bp__close_fd(&ctl[1]);
+    bp__close_fd(&st[1]);
 
     if (pid < 0) {
         close_pair(in_p);
         close_pair(out_p);
         close_pair(err_p);
         close_pair(ep);
+        close_pair(ctl);
+        close_pair(st);
         spawn_failed(run, BP_STAGE_FORK, fork_errno);
         return 0;
     }
 
     struct child_error ce;
-    ssize_t n;
-    do {
-        n = read(ep[0], &ce, sizeof ce);
-    } while (n < 0 && errno == EINTR);
+    ssize_t n = read_full(ep[0], &ce, sizeof ce);
     bp__close_fd(&ep[0]);
 
+    int stage = 0, err = 0;
+    pid_t leader = pid;
     if (n != 0) {
-        /* The child did not exec: it has exited or is about to.  Reap it. */
+        stage = n == (ssize_t)sizeof ce ? ce.stage : BP_STAGE_EXEC;
+        err = n == (ssize_t)sizeof ce ? ce.err : EIO;
+    } else if (contained) {
+        /* The supervisor runs; it reports the leader's spawn next. */
+        struct bp_sup_msg m;
+        n = read_full(st[0], &m, sizeof m);
+        if (n == (ssize_t)sizeof m && m.type == BP_MSG_SPAWNED) {
+            leader = m.pid;
+        } else if (n == (ssize_t)sizeof m && m.type == BP_MSG_SPAWN_FAILED) {
+            stage = m.stage;
+            err = m.err;
+        } else {
+            stage = BP_STAGE_SUPERVISOR;
+            err = EIO;
+        }
+    }
+
+    if (stage != 0) {
+        /* Nothing was started (or the supervisor gives up): reap our child. */
         int status;
+        close_pair(ctl);  /* EOF tells a live supervisor to clean up and exit */
         while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
             ;
         close_pair(in_p);
         close_pair(out_p);
         close_pair(err_p);
-        if (n == (ssize_t)sizeof ce)
-            spawn_failed(run, ce.stage, ce.err);
-        else
-            spawn_failed(run, BP_STAGE_EXEC, EIO);
+        close_pair(st);
+        spawn_failed(run, stage, err);
         return 0;
     }
 
-    run->pid = pid;
-    run->res->pid = (int)pid;
+    run->pid = leader;
+    run->res->pid = (int)leader;
     run->res->spawned = 1;
     run->stdin_fd = in_p[1];
     run->out.fd = out_p[0];
@@ -338,5 +450,11 @@ int bp__spawn(struct bp_run *run)
     (void)set_nonblock(run->out.fd);
     if (run->err.fd >= 0)
         (void)set_nonblock(run->err.fd);
+    if (contained) {
+        run->sup_pid = pid;
+        run->ctl_fd = ctl[0];
+        run->exit_fd = st[0];
+        (void)set_nonblock(run->exit_fd);
+    }
     return 0;
 }

@@ -61,9 +61,7 @@ def test_leader_exit_kills_the_rest(reaper: list[int]) -> None:
 def test_setsid_escapee_sets_escaped(reaper: list[int]) -> None:
     """A descendant in its own session holding the pipes: escaped is set within drain_grace."""
     script = "setsid sh -c 'echo $$; exec sleep 30' & sleep 0.2; echo parent-done"
-    r = run(["bash", "-c", script], timeout=20, drain_grace=0.5, contain=False) \
-        if "contain" in run.__code__.co_varnames else \
-        run(["bash", "-c", script], timeout=20, drain_grace=0.5)
+    r = run(["bash", "-c", script], timeout=20, drain_grace=0.5, contain=False)
     reaper.extend(pids_in(r.stdout))
     assert r.escaped
     assert not r.timed_out

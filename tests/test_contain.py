@@ -1,0 +1,232 @@
+"""Containment (SPEC section 5): escapees, parent death, subreaper hygiene, limits."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from boundedproc import Limits, run
+from boundedproc import _native
+from conftest import alive, pids_in, wait_dead
+
+PY = sys.executable
+needs_contain = pytest.mark.skipif(_native.SUPERVISOR is None,
+                                   reason="containment needs Linux and the supervisor")
+
+DAEMON = textwrap.dedent("""
+    import os, sys, time
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            print(os.getpid(), flush=True)
+            fd = os.open(os.devnull, os.O_RDWR)
+            for n in (0, 1, 2):
+                os.dup2(fd, n)
+            time.sleep(60)
+        os._exit(0)
+    time.sleep(0.3)
+""")
+
+
+@needs_contain
+def test_setsid_escapee_is_killed_by_default(reaper: list[int]) -> None:
+    """A descendant that calls setsid and holds the pipes is killed; escaped stays False."""
+    r = run(["bash", "-c", "setsid sh -c 'echo $$; exec sleep 60' & sleep 0.3"], timeout=20)
+    pids = pids_in(r.stdout)
+    reaper.extend(pids)
+    assert len(pids) == 1
+    assert not r.escaped and r.exit_code == 0
+    assert wait_dead(pids) == []
+
+
+@needs_contain
+def test_double_forked_daemon_is_killed(reaper: list[int]) -> None:
+    """A daemon (fork, setsid, fork, stdio to /dev/null) does not outlive the run."""
+    r = run([PY, "-c", DAEMON], timeout=20)
+    pids = pids_in(r.stdout)
+    reaper.extend(pids)
+    assert len(pids) == 1 and not r.escaped
+    assert wait_dead(pids) == []
+
+
+@needs_contain
+def test_escapee_survives_without_contain(reaper: list[int]) -> None:
+    """Control: with contain=False the same daemon survives the run."""
+    r = run([PY, "-c", DAEMON], timeout=20, contain=False)
+    pids = pids_in(r.stdout)
+    reaper.extend(pids)
+    assert len(pids) == 1 and alive(pids[0])
+
+
+def _is_subreaper() -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    value = ctypes.c_int(0)
+    PR_GET_CHILD_SUBREAPER = 37
+    assert libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) == 0
+    return value.value
+
+
+@needs_contain
+def test_caller_is_never_a_subreaper() -> None:
+    """After contained runs the calling process is still not a child subreaper."""
+    run(["bash", "-c", "setsid sleep 5 & true"])
+    assert _is_subreaper() == 0
+
+
+@needs_contain
+def test_other_children_keep_their_status() -> None:
+    """A subprocess.Popen beside contained runs keeps its own exit status."""
+    child = subprocess.Popen(["sh", "-c", "sleep 0.3; exit 7"])
+    threads = [threading.Thread(target=run, args=(["sh", "-c", "sleep 0.6; setsid sleep 5 & true"],))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert child.wait(timeout=10) == 7
+
+
+PARENT = textwrap.dedent("""
+    import sys
+    from boundedproc import run
+    run(["bash", "-c", "echo $$ > {f}.tmp; setsid sleep 60 & echo $! >> {f}.tmp; "
+         "sleep 60 & echo $! >> {f}.tmp; mv {f}.tmp {f}; wait"], timeout=120, contain={contain})
+""")
+
+
+@pytest.mark.parametrize("contain", [None, False])
+def test_parent_sigkill_takes_the_run_with_it(tmp_path: Path, reaper: list[int],
+                                              contain: object) -> None:
+    """SIGKILL of the caller mid-run: the run's processes die within about a second."""
+    if contain is None and _native.SUPERVISOR is None:
+        pytest.skip("containment needs Linux and the supervisor")
+    f = tmp_path / "pids"
+    parent = subprocess.Popen([PY, "-c", PARENT.format(f=f, contain=contain)])
+    try:
+        deadline = time.monotonic() + 20
+        while not f.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pids = pids_in(f.read_text())
+        reaper.extend(pids)
+        assert len(pids) == 3 and all(alive(p) for p in pids)
+        parent.kill()
+        parent.wait(10)
+        if contain is None:
+            assert wait_dead(pids, within=3.0) == []  # leader, setsid escapee, background
+        else:
+            assert wait_dead(pids[:1], within=3.0) == []  # uncontained: the leader (pdeathsig)
+    finally:
+        parent.kill()
+
+
+def test_contain_true_or_false_is_accepted() -> None:
+    """contain accepts a bool or None and rejects other types before spawning."""
+    assert run(["true"], contain=False).ok
+    with pytest.raises(TypeError):
+        run(["true"], contain="yes")  # type: ignore[arg-type]
+
+
+# ---- limits -------------------------------------------------------------------
+
+def test_cpu_limit_delivers_sigxcpu() -> None:
+    """cpu_seconds: a busy loop is stopped by SIGXCPU (soft limit below the hard one)."""
+    r = run([PY, "-c", "while True: pass"], limits=Limits(cpu_seconds=1), timeout=30)
+    assert r.term_signal == signal.SIGXCPU and r.exit_code == 128 + signal.SIGXCPU
+    assert not r.timed_out
+
+
+def test_file_size_limit_delivers_sigxfsz(tmp_path: Path) -> None:
+    """file_size_bytes: writing past it ends the writer with SIGXFSZ."""
+    r = run(["sh", "-c", f"head -c 100000 /dev/zero > {tmp_path / 'big'}"],
+            limits=Limits(file_size_bytes=1000), timeout=30)
+    assert r.term_signal == signal.SIGXFSZ or r.exit_code != 0
+    assert (tmp_path / "big").stat().st_size <= 1000
+
+
+def test_memory_limit() -> None:
+    """memory_bytes: an allocation beyond the address-space limit fails in the child."""
+    r = run([PY, "-c", "b = bytearray(1 << 30)"], limits=Limits(memory_bytes=512 << 20))
+    assert r.exit_code != 0 and b"MemoryError" in r.stderr
+
+
+def test_open_files_limit() -> None:
+    """open_files: the child cannot open more than the limit."""
+    code = "import os\nfds = []\ntry:\n    while True: fds.append(os.open('/dev/null', 0))\nexcept OSError: print(len(fds) + 3)"
+    r = run([PY, "-c", code], limits=Limits(open_files=64), contain=False, text=True)
+    assert int(r.stdout) <= 64
+
+
+def test_refused_limit_is_a_runner_error() -> None:
+    """A limit the kernel refuses (open files above fs.nr_open) is a runner_error."""
+    nr_open = int(Path("/proc/sys/fs/nr_open").read_text())
+    r = run(["true"], limits=Limits(open_files=nr_open + 1))
+    assert not r.spawned and r.runner_error is not None
+    assert r.runner_error.startswith("spawn failed: ") and "setrlimit" in r.runner_error
+
+
+def test_limits_validation() -> None:
+    """Negative, NaN or non-numeric limits raise before anything runs."""
+    with pytest.raises(ValueError):
+        Limits(cpu_seconds=-1)
+    with pytest.raises(ValueError):
+        Limits(cpu_seconds=float("nan"))
+    with pytest.raises(TypeError):
+        Limits(memory_bytes=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        run(["true"], limits={"cpu_seconds": 1})  # type: ignore[arg-type]
+
+
+FORK_BOMB = textwrap.dedent("""
+    n=0
+    while [ $n -lt 400 ]; do
+        ( sleep 60 & setsid sleep 60 & wait ) &
+        n=$((n+1))
+    done
+    echo spawned
+    wait
+""")
+
+
+def _marked(mark: str) -> list[int]:
+    """Live processes whose environment carries BP_TEST_MARK=mark (ours, not by name)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if p.environ().get("BP_TEST_MARK") == mark:
+                found.append(p.info["pid"])
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_fork_bomb_under_limits_leaves_nothing(reaper: list[int]) -> None:
+    """A (bounded) fork bomb under max_processes and a deadline ends with nothing left.
+
+    As root the kernel does not enforce RLIMIT_NPROC; the deadline and the group kill
+    (and containment, for the setsid children) still end it.
+    """
+    mark = f"bomb-{os.getpid()}-{time.monotonic_ns()}"
+    r = run(["bash", "-c", FORK_BOMB], limits=Limits(max_processes=200), timeout=3,
+            env={"BP_TEST_MARK": mark})
+    assert r.timed_out or r.exit_code != 0
+    deadline = time.monotonic() + 10
+    left = _marked(mark)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _marked(mark)
+    reaper.extend(left)
+    if _native.SUPERVISOR is not None:
+        assert left == []
