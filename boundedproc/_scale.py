@@ -21,13 +21,24 @@ task cancellation reaches the C loop through a private second cancel fd
 (``_run.ALSO_CANCEL``), so the caller's own ``cancel=`` switch is never set on
 their behalf.
 
-Measured on the 2-core development machine (CPython 3.11, one run of
-``python -m boundedproc._scale``), 200 concurrent ``run_async(["sleep",
-"0.5"])`` in one ``asyncio.gather``: wall time 0.60 s (the floor is 0.5 s),
-peak 201 threads (200 workers and the loop's), peak RSS +9 MiB over the
-idle interpreter, i.e. about 45 KiB per in-flight run.  A thread also holds a
-Cancel's two pipe fds for the task-cancel switch.  Pool threads stay (idle,
-blocked on a queue) after a burst, as asyncio's default executor's do.
+Measured with ``python -m boundedproc._scale [N]`` on the 2-core development
+machine (CPython 3.11, other work running: load average 3 to 12), N
+concurrent runs of ``sleep 0.5`` in one ``asyncio.gather``:
+
+=====  ==========================  ====================================
+N      run_async (thread per run)  asyncio.create_subprocess_exec
+=====  ==========================  ====================================
+200    0.64-0.92 s, +200 threads,  0.71-1.07 s, +200 threads,
+       +6.5 MiB RSS                +4 MiB RSS
+1000   1.5-2.0 s, +512 threads     3.2-3.6 s
+       (the cap), +21 MiB RSS
+=====  ==========================  ====================================
+
+The fd-watching alternative is no cheaper in threads on this Python: 3.11's
+default child watcher (``ThreadedChildWatcher``) waits for every child on a
+thread of its own.  A thread costs about 33 KiB of RSS here, plus a Cancel's
+two pipe fds for the task-cancel switch.  Pool threads stay (idle, blocked on
+a queue) after a burst, as asyncio's default executor's do.
 
 Beyond ``ASYNC_MAX_THREADS`` concurrent calls, the extra runs wait in the
 pool's queue before they spawn; their ``timeout`` counts from their own spawn,
@@ -40,14 +51,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import importlib
 import os
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Optional, Union
+from typing import Any
 
 from boundedproc._result import Result
 from boundedproc._run import ALSO_CANCEL, Cancel, Command, run
@@ -58,8 +70,8 @@ __all__ = ["ASYNC_MAX_THREADS", "run_async", "run_many"]
 ASYNC_MAX_THREADS = 512
 
 _pool_lock = threading.Lock()
-_async_pool: Optional[ThreadPoolExecutor] = None
-_dry_switch: Optional[Cancel] = None
+_async_pool: ThreadPoolExecutor | None = None
+_dry_switch: Cancel | None = None
 
 
 def _forget_pool_after_fork() -> None:
@@ -169,10 +181,9 @@ async def run_async(cmd: Command, **options: Any) -> Result:
         # The C loop sees the switch, kills the group and reaps it; wait for
         # that, through any further cancels, before letting the task go.
         while not future.done():
-            try:
+            # Another cancel, or the run's own error: keep waiting, then re-raise.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.shield(future)
-            except BaseException:  # another cancel, or the run's own error
-                pass
         if not future.cancelled():
             future.exception()  # retrieved: the task is cancelled either way
         raise
@@ -198,7 +209,7 @@ def _per_command(cmd: Any, options: dict[str, Any]) -> tuple[Any, dict[str, Any]
 
 
 def run_many(cmds: Iterable[Command], jobs: int = 4, *, progress: bool = False,
-             **options: Any) -> Iterator[Result]:
+             **options: Any) -> Generator[Result, None, None]:
     """Run many commands, at most ``jobs`` at once, yielding results in input order.
 
     ``cmds`` is read lazily: at most ``2 * jobs`` commands are taken from it
@@ -248,23 +259,25 @@ def run_many(cmds: Iterable[Command], jobs: int = 4, *, progress: bool = False,
     # The shared options, checked once with a stand-in command of the right shape.
     _validate("true" if options.get("shell") else ["true"], options)
     total = len(cmds) if hasattr(cmds, "__len__") else None  # type: ignore[arg-type]
-    return _many(source, jobs, _progress_bar(total) if progress else None, options)
+    return _many(source, jobs, progress, total, options)
 
 
-def _progress_bar(total: Optional[int]) -> Any:
+def _progress_bar(total: int | None) -> Any:
     try:
-        from tqdm import tqdm
+        tqdm = importlib.import_module("tqdm").tqdm  # optional: the `cli` extra
     except ImportError:
         return None
     return tqdm(total=total, file=sys.stderr, unit="cmd", dynamic_ncols=True)
 
 
-def _many(source: Iterator[Command], jobs: int, bar: Any,
-          options: dict[str, Any]) -> Iterator[Result]:
+def _many(source: Iterator[Command], jobs: int, progress: bool, total: int | None,
+          options: dict[str, Any]) -> Generator[Result, None, None]:
+    # Runs at the first next(): an iterator never started spawns, draws, holds nothing.
+    bar = _progress_bar(total) if progress else None
     window = 2 * jobs
     switch = Cancel()  # one switch for every run of this call: set on early close
     pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="boundedproc-many")
-    pending: deque[Union[Future[Result], _Raise]] = deque()
+    pending: deque[Future[Result] | _Raise] = deque()
     more = True
 
     def fill() -> None:
@@ -275,7 +288,7 @@ def _many(source: Iterator[Command], jobs: int, bar: Any,
             except StopIteration:
                 more = False
                 return
-            except Exception as err:  # the input itself failed: raise it in its turn
+            except Exception as err:  # noqa: BLE001  the input failed: raise it in its turn
                 pending.append(_Raise(err))
                 more = False
                 return
@@ -314,8 +327,8 @@ def _many(source: Iterator[Command], jobs: int, bar: Any,
 
 
 def _measure_async(n: int = 200, seconds: float = 0.5) -> None:
-    """Print the numbers quoted in the module docstring."""
-    import resource
+    """Print the numbers quoted in the module docstring, for run_async and for
+    asyncio's own subprocess support (the event loop watching the pipes)."""
     import time
 
     def rss_kib() -> int:
@@ -325,25 +338,35 @@ def _measure_async(n: int = 200, seconds: float = 0.5) -> None:
                     return int(line.split()[1])
         return 0
 
-    async def main() -> None:
-        peak = threading.active_count()
-        rss0 = rss_kib()
-        peak_rss = rss0
+    async def ours() -> None:
+        r = await run_async(["sleep", str(seconds)], timeout=30)
+        assert r.ok, r
+
+    async def asyncio_subprocess() -> None:
+        pipe = asyncio.subprocess.PIPE
+        proc = await asyncio.create_subprocess_exec(
+            "sleep", str(seconds), stdin=asyncio.subprocess.DEVNULL, stdout=pipe, stderr=pipe,
+            start_new_session=True)
+        await proc.communicate()
+        assert proc.returncode == 0
+
+    async def main(name: str, one: Any) -> None:
+        threads0 = peak_threads = threading.active_count()
+        rss0 = peak_rss = rss_kib()
         started = time.monotonic()
-        tasks = [asyncio.ensure_future(run_async(["sleep", str(seconds)], timeout=30))
-                 for _ in range(n)]
+        tasks = [asyncio.ensure_future(one()) for _ in range(n)]
         while not all(t.done() for t in tasks):
-            peak = max(peak, threading.active_count())
+            peak_threads = max(peak_threads, threading.active_count())
             peak_rss = max(peak_rss, rss_kib())
             await asyncio.sleep(0.01)
         wall = time.monotonic() - started
-        results = [t.result() for t in tasks]
-        assert all(r.ok for r in results), [r for r in results if not r.ok][:1]
-        print(f"{n} x run_async(sleep {seconds}): wall {wall:.2f} s, peak threads {peak}, "
-              f"peak RSS +{(peak_rss - rss0) / 1024:.1f} MiB, "
-              f"maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+        for t in tasks:
+            t.result()
+        print(f"{n} x sleep {seconds} via {name}: wall {wall:.2f} s, peak threads +"
+              f"{peak_threads - threads0}, peak RSS +{(peak_rss - rss0) / 1024:.1f} MiB")
 
-    asyncio.run(main())
+    asyncio.run(main("run_async", ours))
+    asyncio.run(main("asyncio.create_subprocess_exec", asyncio_subprocess))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,456 @@
+"""run_async and run_many (SPEC section 6), pinned against real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import sys
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from boundedproc import CANCEL_EXIT_CODE, Cancel, Result
+from boundedproc._scale import run_async, run_many
+
+PY = sys.executable
+
+
+# ---- helpers (local, so this file stands alone) -------------------------------------
+
+def alive(pid: int) -> bool:
+    """True while pid is a running (non-zombie) process."""
+    try:
+        status = psutil.Process(pid).status()
+        return status not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_dead(pids: list[int], within: float = 5.0) -> list[int]:
+    """Poll until every pid is dead or `within` seconds pass; return the survivors."""
+    deadline = time.monotonic() + within
+    while True:
+        survivors = [p for p in pids if alive(p)]
+        if not survivors or time.monotonic() > deadline:
+            return survivors
+        time.sleep(0.02)
+
+
+def is_unreaped_child(pid: int) -> bool:
+    """True when pid is still a child of this process (alive or a zombie not yet reaped)."""
+    try:
+        return bool(psutil.Process(pid).ppid() == os.getpid())
+    except psutil.NoSuchProcess:
+        return False
+
+
+def read_pids(folder: Path, pattern: str) -> list[int]:
+    """The pids written into the files of `folder` matching `pattern`."""
+    pids = []
+    for f in folder.glob(pattern):
+        text = f.read_text().strip()
+        if text.isdigit():
+            pids.append(int(text))
+    return pids
+
+
+async def wait_for_file(path: Path, within: float = 10.0) -> None:
+    """Await until `path` exists and is not empty (bounded)."""
+    deadline = time.monotonic() + within
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def reaper() -> Iterator[list[int]]:
+    """A list a test appends pids to; whatever is still alive is SIGKILLed after it."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def intervals_max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals that hold one instant in common."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals],
+                    key=lambda ev: (ev[0], ev[1]))
+    live = best = 0
+    for _, step in events:
+        live += step
+        best = max(best, live)
+    return best
+
+
+STAMPED = "import sys, time; print(time.time()); time.sleep(float(sys.argv[1])); print(time.time())"
+
+
+# ---- run_many: order, bounds, laziness ----------------------------------------------
+
+def test_run_many_yields_in_input_order_whatever_finishes_first() -> None:
+    """Results come back in input order although later commands finish first."""
+    delays = [0.6, 0.0, 0.3, 0.0, 0.45, 0.1, 0.0, 0.2]
+    cmds = [f"sleep {d}; echo {i}" for i, d in enumerate(delays)]
+    results = list(run_many(cmds, jobs=4, shell=True, timeout=30))
+    assert [r.stdout for r in results] == [f"{i}\n".encode() for i in range(len(delays))]
+    assert all(r.ok for r in results)
+
+
+def test_run_many_never_runs_more_than_jobs_at_once() -> None:
+    """No instant is inside more than `jobs` commands' lifetimes (as the commands record them)."""
+    jobs = 3
+    results = list(run_many(([PY, "-c", STAMPED, "0.15"] for _ in range(10)), jobs=jobs,
+                            timeout=60))
+    assert all(r.ok for r in results), [r for r in results if not r.ok]
+    intervals = [(float(a), float(b)) for a, b in (r.stdout.split() for r in results)]
+    assert 1 <= intervals_max_overlap(intervals) <= jobs
+
+
+def test_run_many_reads_input_lazily() -> None:
+    """A million-command generator is read at most 2*jobs ahead of what was yielded."""
+    jobs = 2
+    taken = 0
+
+    def commands() -> Iterator[list[str]]:
+        nonlocal taken
+        for _ in range(1_000_000):
+            taken += 1
+            yield ["true"]
+
+    it = run_many(commands(), jobs=jobs, timeout=30)
+    assert taken == 0  # nothing is read before the first next()
+    for yielded in range(1, 6):
+        assert next(it).ok
+        assert taken <= yielded + 2 * jobs
+    it.close()
+    assert taken <= 5 + 2 * jobs
+
+
+def test_run_many_one_failure_does_not_stop_the_rest() -> None:
+    """A missing program, a non-zero exit, a deadline and a flood are results; the rest run."""
+    cmds: list[Any] = [
+        ["echo", "first"],
+        ["/nonexistent/program"],
+        "exit 3",
+        "sleep 30",
+        [PY, "-c", "import sys; sys.stdout.write('x' * 100000)"],
+        ["echo", "last"],
+    ]
+    results = list(run_many(cmds, jobs=2, shell=True, timeout=1.5, max_output=1000))
+    assert len(results) == len(cmds)
+    first, missing, three, slow, flood, last = results
+    assert first.ok and first.stdout == b"first\n"
+    assert missing.exit_code == 127 and not missing.spawned
+    assert missing.runner_error is not None and missing.runner_error.startswith("spawn failed: ")
+    assert three.exit_code == 3 and three.args[:2] == ("/bin/sh", "-c")
+    assert slow.timed_out and slow.exit_code == 124
+    assert flood.output_truncated and len(flood.stdout) == 1000
+    assert last.ok and last.stdout == b"last\n"
+
+
+def test_run_many_mixes_strings_and_vectors() -> None:
+    """A string runs with the given shell; a vector runs without one, whatever shell= says."""
+    results = list(run_many(["echo $((1 + 2))", ["echo", "$((1 + 2))"]], shell="sh",
+                            timeout=30))
+    assert [r.stdout for r in results] == [b"3\n", b"$((1 + 2))\n"]
+    assert results[0].args == ("sh", "-c", "echo $((1 + 2))")
+    assert results[1].args == ("echo", "$((1 + 2))")
+
+
+def test_run_many_passes_options_to_every_command() -> None:
+    """Shared options (text, stdin, env) reach every run."""
+    results = list(run_many([["cat"], ["sh", "-c", "cat; echo $BP_X"]], jobs=2, text=True,
+                            stdin="in\n", env={"BP_X": "y"}, timeout=30))
+    assert [r.stdout for r in results] == ["in\n", "in\ny\n"]
+
+
+def test_run_many_rejects_bad_options_before_reading_input() -> None:
+    """Bad jobs or options raise at the call, before the input is read or anything spawned."""
+    taken = []
+
+    def commands() -> Iterator[list[str]]:
+        taken.append(1)
+        yield ["true"]
+
+    with pytest.raises(ValueError):
+        run_many(commands(), timeout=-1)
+    with pytest.raises(ValueError):
+        run_many(commands(), on_overflow="explode")
+    with pytest.raises(TypeError):
+        run_many(commands(), no_such_option=1)
+    with pytest.raises(ValueError):
+        run_many(commands(), jobs=0)
+    with pytest.raises(TypeError):
+        run_many(commands(), jobs=2.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        run_many("echo hi")
+    assert taken == []
+
+
+def test_run_many_bad_command_raises_at_its_position(tmp_path: Path) -> None:
+    """A caller bug in one command raises in its turn: earlier results first, nothing later runs."""
+    marker = tmp_path / "later-ran"
+    taken = 0
+
+    def commands() -> Iterator[Any]:
+        nonlocal taken
+        for cmd in (["echo", "a"], ["echo", "b"], "echo no shell", ["touch", str(marker)],
+                    ["touch", str(marker)]):
+            taken += 1
+            yield cmd
+
+    it = run_many(commands(), jobs=4, timeout=30)
+    assert next(it).stdout == b"a\n"
+    assert next(it).stdout == b"b\n"
+    with pytest.raises(ValueError, match="shell"):
+        next(it)
+    assert taken == 3
+    assert not marker.exists()
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_run_many_input_error_raises_at_its_position() -> None:
+    """An exception from the input iterator is raised after the results before it."""
+    def commands() -> Iterator[list[str]]:
+        yield ["echo", "a"]
+        raise RuntimeError("input broke")
+
+    it = run_many(commands(), timeout=30)
+    assert next(it).stdout == b"a\n"
+    with pytest.raises(RuntimeError, match="input broke"):
+        next(it)
+
+
+def test_run_many_early_break_leaves_no_process(tmp_path: Path, reaper: list[int]) -> None:
+    """Breaking out after the first result kills and reaps every run in flight."""
+    bg = "echo $$ > {d}/{i}.leader; sleep 60 & echo $! > {d}/{i}.bg; wait"
+    # The first command waits until two others have started their background sleeps.
+    first = (f"for n in $(seq 200); do [ -s {tmp_path}/1.bg ] && [ -s {tmp_path}/2.bg ] "
+             "&& break; sleep 0.05; done; echo first")
+    cmds = [first] + [bg.format(d=tmp_path, i=i) for i in range(1, 20)]
+    try:
+        for result in run_many(cmds, jobs=3, shell=True, timeout=60):
+            assert result.stdout == b"first\n"
+            break
+    finally:
+        pids = read_pids(tmp_path, "*.bg") + read_pids(tmp_path, "*.leader")
+        reaper.extend(pids)
+    assert len(read_pids(tmp_path, "*.bg")) >= 2
+    leaders = read_pids(tmp_path, "*.leader")
+    assert not [p for p in leaders if is_unreaped_child(p)]
+    assert wait_dead(pids) == []
+    assert len(leaders) <= 3 + 1  # at most the window's in-flight runs ever started
+
+
+def test_run_many_caller_cancel_reaches_every_run() -> None:
+    """A cancel= switch given to run_many cancels the runs in flight and those after."""
+    switch = Cancel()
+    it = run_many((["sleep", "60"] for _ in range(6)), jobs=2, cancel=switch, timeout=120)
+    switch.cancel()
+    results = list(it)
+    assert len(results) == 6
+    assert all(r.cancelled and r.exit_code == CANCEL_EXIT_CODE for r in results)
+
+
+def test_run_many_progress_uses_tqdm_when_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    """progress=True drives a tqdm bar on stderr, advanced once per result, then closed."""
+    bars: list[Any] = []
+
+    class FakeBar:
+        def __init__(self, total: Any = None, file: Any = None, **kw: Any) -> None:
+            self.total, self.file, self.n, self.closed = total, file, 0, False
+            bars.append(self)
+
+        def update(self, n: int = 1) -> None:
+            self.n += n
+
+        def close(self) -> None:
+            self.closed = True
+
+    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeBar))
+    assert len(list(run_many([["true"]] * 5, progress=True, timeout=30))) == 5
+    (bar,) = bars
+    assert (bar.total, bar.n, bar.closed, bar.file) == (5, 5, True, sys.stderr)
+
+
+def test_run_many_progress_without_tqdm_is_silent(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """progress=True without tqdm importable runs everything and prints nothing."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # makes `import tqdm` raise ImportError
+    assert all(r.ok for r in run_many(iter([["true"]] * 3), progress=True, timeout=30))
+    assert capsys.readouterr() == ("", "")
+
+
+# ---- run_async -------------------------------------------------------------------------
+
+def test_run_async_returns_the_run_result() -> None:
+    """run_async gives the same Result run() would: output, exit status, options applied."""
+    async def main() -> tuple[Result, Result]:
+        a = await run_async(["sh", "-c", "cat; echo err >&2; exit 3"], stdin=b"in", timeout=30)
+        b = await run_async("echo $0", shell="sh", text=True, timeout=30)
+        return a, b
+
+    a, b = asyncio.run(main())
+    assert (a.exit_code, a.stdout, a.stderr, a.ok) == (3, b"in", b"err\n", False)
+    assert a.spawned and a.pid is not None and not is_unreaped_child(a.pid)
+    assert b.ok and b.stdout == "sh\n" and b.args == ("sh", "-c", "echo $0")
+
+
+def test_run_async_raises_caller_bugs_before_spawning() -> None:
+    """Caller bugs raise from run_async exactly as from run(); OS failures are results."""
+    async def main() -> Result:
+        with pytest.raises(ValueError):
+            await run_async("echo hi")  # a string without a shell
+        with pytest.raises(ValueError):
+            await run_async(["echo"], shell=True)
+        with pytest.raises(ValueError):
+            await run_async(["true"], timeout=float("nan"))
+        with pytest.raises(TypeError):
+            await run_async(["true"], cancel=object())
+        return await run_async(["/nonexistent/program"])
+
+    missing = asyncio.run(main())
+    assert missing.exit_code == 127 and missing.runner_error is not None
+
+
+def test_run_async_calls_overlap() -> None:
+    """Forty concurrent run_async calls are all alive at once (more than asyncio's executor)."""
+    n = 40
+
+    async def main(folder: str) -> list[Result]:
+        barrier = (f"touch {folder}/$0; i=0; while [ $(ls {folder} | wc -l) -lt {n} ]; do "
+                   "i=$((i+1)); [ $i -gt 400 ] && exit 9; sleep 0.05; done; echo met")
+        return list(await asyncio.gather(*(
+            run_async(["sh", "-c", barrier, str(k)], timeout=60) for k in range(n))))
+
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        results = asyncio.run(main(folder))
+    assert [r.stdout for r in results] == [b"met\n"] * n
+
+
+def test_cancelling_run_async_kills_and_reaps_the_group(tmp_path: Path,
+                                                        reaper: list[int]) -> None:
+    """Task cancel kills the background sleep, reaps the leader, then raises CancelledError."""
+    mine = Cancel()
+
+    async def main() -> tuple[int, int]:
+        task = asyncio.ensure_future(run_async(
+            ["sh", "-c", f"echo $$ > {tmp_path}/leader; sleep 60 & echo $! > {tmp_path}/bg; wait"],
+            timeout=120, cancel=mine))
+        await wait_for_file(tmp_path / "bg")
+        leader = int((tmp_path / "leader").read_text())
+        bg = int((tmp_path / "bg").read_text())
+        reaper.extend([leader, bg])
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert task.cancelled()
+        # Reaped before CancelledError reached us: no longer a child, not even a zombie.
+        assert not is_unreaped_child(leader)
+        return leader, bg
+
+    leader, bg = asyncio.run(main())
+    assert wait_dead([bg, leader]) == []
+    assert not mine.cancelled  # the caller's own switch was not used for the task cancel
+
+
+def test_run_async_survives_a_second_cancel_while_killing(tmp_path: Path,
+                                                          reaper: list[int]) -> None:
+    """Cancelling twice still waits for the kill and reap before CancelledError propagates."""
+    async def main() -> int:
+        task = asyncio.ensure_future(run_async(
+            ["sh", "-c", f"sleep 60 & echo $! > {tmp_path}/bg; wait"], timeout=120))
+        await wait_for_file(tmp_path / "bg")
+        bg = int((tmp_path / "bg").read_text())
+        reaper.append(bg)
+        task.cancel()
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return bg
+
+    bg = asyncio.run(main())
+    assert wait_dead([bg]) == []
+
+
+def test_run_async_timeout_context_becomes_timeout_error(tmp_path: Path,
+                                                         reaper: list[int]) -> None:
+    """asyncio.wait_for around run_async raises TimeoutError after the group is killed."""
+    async def main() -> int:
+        async def watched() -> Result:
+            return await run_async(["sh", "-c", f"sleep 60 & echo $! > {tmp_path}/bg; wait"],
+                                   timeout=120)
+
+        async def starter() -> None:
+            await wait_for_file(tmp_path / "bg")
+
+        task = asyncio.ensure_future(asyncio.wait_for(watched(), timeout=30))
+        await starter()
+        bg = int((tmp_path / "bg").read_text())
+        reaper.append(bg)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(run_async(["sleep", "60"], timeout=120), timeout=0.3)
+        return bg
+
+    bg = asyncio.run(main())
+    assert wait_dead([bg]) == []
+
+
+def test_run_async_caller_cancel_still_works() -> None:
+    """The caller's own cancel= ends a run_async run with a cancelled Result, not an exception."""
+    switch = Cancel()
+
+    async def main() -> Result:
+        task = asyncio.ensure_future(run_async(["sleep", "60"], cancel=switch, timeout=120))
+        await asyncio.sleep(0.2)
+        switch.cancel()
+        return await task
+
+    r = asyncio.run(main())
+    assert r.cancelled and r.exit_code == CANCEL_EXIT_CODE
+
+
+def test_run_async_many_at_once_all_succeed() -> None:
+    """Two hundred concurrent run_async calls each return their own correct result."""
+    async def main() -> list[Result]:
+        return list(await asyncio.gather(*(
+            run_async(["echo", str(k)], timeout=60) for k in range(200))))
+
+    results = asyncio.run(main())
+    assert [r.stdout for r in results] == [f"{k}\n".encode() for k in range(200)]
+    assert len({r.pid for r in results}) == 200
+
+
+def test_run_async_accepts_a_one_shot_iterable_command() -> None:
+    """An argument vector given as a generator is read once and run as given."""
+    r = asyncio.run(run_async((a for a in ["echo", "gen"]), timeout=30))  # type: ignore[arg-type]
+    assert r.stdout == b"gen\n"
+
+
+def test_run_many_accepts_generator_commands() -> None:
+    """Commands that are themselves generators of arguments run as given."""
+    cmds = ((a for a in ["echo", str(k)]) for k in range(3))
+    results = run_many(cmds, timeout=30)  # type: ignore[arg-type]
+    assert [r.stdout for r in results] == [b"0\n", b"1\n", b"2\n"]
+
+
+def test_run_many_empty_input_yields_nothing() -> None:
+    """No commands, no results, no error."""
+    assert list(run_many(itertools.islice(iter([["true"]]), 0), timeout=30)) == []
