@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import re
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from boundedproc._result import Result
 from boundedproc._run import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT, run
@@ -33,7 +34,7 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value != value or value < 0:
+    if math.isnan(value) or value < 0:
         raise argparse.ArgumentTypeError(f"seconds must be >= 0: {text!r}")
     return value
 
@@ -78,7 +79,7 @@ def result_json(result: Result) -> str:
     return json.dumps(data, ensure_ascii=False)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)

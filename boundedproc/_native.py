@@ -12,13 +12,14 @@ import os
 import signal
 import sys
 import threading
+import types
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from boundedproc._version import __version__
 
 
-def _load_core():  # type: ignore[no-untyped-def]
+def _load_core() -> types.ModuleType:
     """Import the compiled core.
 
     Running from a source checkout (``python -m pytest`` puts it first on
@@ -113,7 +114,7 @@ if core_version() != __version__:  # pragma: no cover - only on a stale build
     )
 
 
-def _find_supervisor() -> Optional[bytes]:
+def _find_supervisor() -> bytes | None:
     if not sys.platform.startswith("linux"):
         return None
     path = os.path.join(os.path.dirname(os.path.abspath(_bp.__file__)), "_bp_supervisor")
@@ -122,7 +123,7 @@ def _find_supervisor() -> Optional[bytes]:
     return None
 
 
-SUPERVISOR: Optional[bytes] = _find_supervisor()
+SUPERVISOR: bytes | None = _find_supervisor()
 """The containment supervisor's path, or None where containment is unavailable."""
 
 
@@ -157,8 +158,8 @@ class NativeSpec:
 
     argv: Sequence[bytes]
     exec_paths: Sequence[bytes]
-    envp: Optional[Sequence[bytes]]  # None: the caller's own environment
-    cwd: Optional[bytes]
+    envp: Sequence[bytes] | None  # None: the caller's own environment
+    cwd: bytes | None
     stdin: bytes
     timeout_ns: int  # < 0: none
     max_output: int  # < 0: none
@@ -171,7 +172,7 @@ class NativeSpec:
     rlimits_soft: Sequence[int]
     rlimits_hard: Sequence[int]
     exit_watch: int = WATCH_AUTO
-    supervisor: Optional[bytes] = None  # contained run: the supervisor's path
+    supervisor: bytes | None = None  # contained run: the supervisor's path
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +212,7 @@ class NativeOutcome:
 # (asyncio's, say), so no registered handler loses its wakeup.
 
 _wake_lock = threading.Lock()
-_wake_pipe: Optional[tuple[int, int]] = None
+_wake_pipe: tuple[int, int] | None = None
 
 
 def _reset_wake_pipe_after_fork() -> None:
@@ -236,14 +237,14 @@ def _get_wake_pipe() -> tuple[int, int]:
 class _Wakeup:
     """Borrow the signal wakeup fd for the duration of a run (main thread only)."""
 
-    __slots__ = ("fd", "_old", "_r")
+    __slots__ = ("_old", "_r", "fd")
 
     def __init__(self) -> None:
         self.fd = -1
         self._old = -1
         self._r = -1
 
-    def __enter__(self) -> "_Wakeup":
+    def __enter__(self) -> _Wakeup:  # noqa: PYI034 - a private class, never subclassed
         if threading.current_thread() is threading.main_thread():
             r, w = _get_wake_pipe()
             try:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Union
 
-Output = Union[bytes, str]
+Output = Union[bytes, str]  # noqa: UP007 - a runtime alias, kept for Python 3.10 docs
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +49,9 @@ class Result:
     escaped: bool = False
     spawned: bool = True
     stdin_delivered: bool = True
-    runner_error: Optional[str] = None
-    term_signal: Optional[int] = None
-    pid: Optional[int] = None
+    runner_error: str | None = None
+    term_signal: int | None = None
+    pid: int | None = None
     duration: float = 0.0
     output_bytes: int = 0
     user_time: float = 0.0
@@ -69,7 +69,7 @@ class Result:
             and not (self.timed_out or self.cancelled or self.output_truncated or self.escaped)
         )
 
-    def check(self) -> "Result":
+    def check(self) -> Result:
         """Return this result when ``ok``.
 
         Raises:

@@ -8,18 +8,18 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Literal, Union
 
 from boundedproc import _native
 from boundedproc._result import Result
 
-__all__ = ["Cancel", "Limits", "run", "DEFAULT_TIMEOUT", "DEFAULT_MAX_OUTPUT"]
+__all__ = ["DEFAULT_MAX_OUTPUT", "DEFAULT_TIMEOUT", "Cancel", "Limits", "run"]
 
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
 
 StrOrBytesPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
-Command = Union[str, Sequence[StrOrBytesPath]]
+Command = Union[str, Sequence[StrOrBytesPath]]  # noqa: UP007 - string forward refs inside
 
 
 class Cancel:
@@ -31,7 +31,7 @@ class Cancel:
     so the switch stays set.
     """
 
-    __slots__ = ("_r", "_w", "_set", "__weakref__")
+    __slots__ = ("__weakref__", "_r", "_set", "_w")
 
     def __init__(self) -> None:
         self._r, self._w = os.pipe()
@@ -89,11 +89,11 @@ class Limits:
     above ``fs.nr_open`` for open files) gives a ``spawn failed:`` result.
     """
 
-    cpu_seconds: Optional[float] = None
-    memory_bytes: Optional[int] = None
-    max_processes: Optional[int] = None
-    file_size_bytes: Optional[int] = None
-    open_files: Optional[int] = None
+    cpu_seconds: float | None = None
+    memory_bytes: int | None = None
+    max_processes: int | None = None
+    file_size_bytes: int | None = None
+    open_files: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("cpu_seconds", "memory_bytes", "max_processes", "file_size_bytes",
@@ -128,13 +128,13 @@ class Limits:
 # A second switch a run also watches, set only by boundedproc's own wrappers
 # (run_async's task cancellation) so that a caller's shared Cancel is never set
 # on their behalf.
-ALSO_CANCEL: contextvars.ContextVar[Optional[Cancel]] = contextvars.ContextVar(
+ALSO_CANCEL: contextvars.ContextVar[Cancel | None] = contextvars.ContextVar(
     "boundedproc_also_cancel", default=None)
 
 _NO_LIMITS = ([-1] * _native.NRLIMITS, [-1] * _native.NRLIMITS)
 
 
-def _seconds(name: str, value: object, *, allow_none: bool) -> Optional[float]:
+def _seconds(name: str, value: object, *, allow_none: bool) -> float | None:
     if value is None:
         if allow_none:
             return None
@@ -151,7 +151,7 @@ def _seconds(name: str, value: object, *, allow_none: bool) -> Optional[float]:
     return v
 
 
-def _ns(seconds: Optional[float]) -> int:
+def _ns(seconds: float | None) -> int:
     if seconds is None:
         return -1
     return min(int(seconds * 1e9), 2**62)
@@ -171,7 +171,7 @@ def _text_arg(value: bytes) -> str:
     return value.decode("utf-8", "surrogateescape")
 
 
-def _not_spawned(args: Sequence[bytes], why: str, started: float,
+def _not_spawned(args: Sequence[bytes], why: str, started: float, payload: bytes,
                  cancelled: bool = False) -> Result:
     return Result(
         args=tuple(_text_arg(a) for a in args),
@@ -180,13 +180,13 @@ def _not_spawned(args: Sequence[bytes], why: str, started: float,
         stderr=b"",
         cancelled=cancelled,
         spawned=False,
-        stdin_delivered=False if not cancelled else True,
+        stdin_delivered=not payload,
         runner_error=None if cancelled else f"not spawned: {why}",
         duration=time.monotonic() - started,
     )
 
 
-def _exec_paths(program: bytes, path: Optional[bytes]) -> list[bytes]:
+def _exec_paths(program: bytes, path: bytes | None) -> list[bytes]:
     """Candidates for execve, as execvp would try them (POSIX PATH rules)."""
     if b"/" in program:
         return [program]
@@ -200,21 +200,21 @@ def _exec_paths(program: bytes, path: Optional[bytes]) -> list[bytes]:
 def run(
     cmd: Command,
     *,
-    shell: Union[bool, str] = False,
-    timeout: Optional[float] = DEFAULT_TIMEOUT,
-    max_output: Optional[int] = DEFAULT_MAX_OUTPUT,
+    shell: bool | str = False,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    max_output: int | None = DEFAULT_MAX_OUTPUT,
     on_overflow: Literal["truncate", "kill"] = "truncate",
-    stdin: Union[bytes, str, None] = None,
-    cwd: Optional[StrOrBytesPath] = None,
-    env: Optional[Mapping[str, Optional[str]]] = None,
+    stdin: bytes | str | None = None,
+    cwd: StrOrBytesPath | None = None,
+    env: Mapping[str, str | None] | None = None,
     env_mode: Literal["merge", "replace"] = "merge",
     merge_stderr: bool = False,
     text: bool = False,
-    cancel: Optional[Cancel] = None,
+    cancel: Cancel | None = None,
     kill_grace: float = 0.0,
     drain_grace: float = 2.0,
-    limits: Optional[Limits] = None,
-    contain: Optional[bool] = None,
+    limits: Limits | None = None,
+    contain: bool | None = None,
 ) -> Result:
     """Run a command to completion within bounds, killing its whole group.
 
@@ -281,7 +281,7 @@ def run(
 
     # ---- caller bugs: raised before anything is spawned -------------------------
     if isinstance(shell, str):
-        shell_prog: Optional[str] = shell or None
+        shell_prog: str | None = shell or None
     elif isinstance(shell, bool):
         shell_prog = "/bin/sh" if shell else None
     else:
@@ -324,12 +324,12 @@ def run(
         payload = bytes(stdin)
     else:
         raise TypeError(f"stdin must be bytes, str or None, not {type(stdin).__name__}")
-    cwd_b: Optional[bytes] = None
+    cwd_b: bytes | None = None
     if cwd is not None:
         cwd_b = _entry(cwd, "cwd")
     if env is not None and not isinstance(env, Mapping):
         raise TypeError(f"env must be a mapping or None, not {type(env).__name__}")
-    env_items: list[tuple[bytes, Optional[bytes]]] = []
+    env_items: list[tuple[bytes, bytes | None]] = []
     for k, v in (env or {}).items():
         kb = _entry(k, "env key")
         vb = None if v is None else _entry(v, f"env[{k!r}]")
@@ -349,15 +349,15 @@ def run(
     also_cancel = ALSO_CANCEL.get()
     if (cancel is not None and cancel.cancelled) or (also_cancel is not None
                                                      and also_cancel.cancelled):
-        return _not_spawned(raw_args, "cancelled before spawn", started, cancelled=True)
+        return _not_spawned(raw_args, "cancelled before spawn", started, payload, cancelled=True)
     for i, a in enumerate(raw_args):
         if b"\0" in a:
-            return _not_spawned(raw_args, f"argument {i} contains a NUL byte", started)
+            return _not_spawned(raw_args, f"argument {i} contains a NUL byte", started, payload)
     if cwd_b is not None and b"\0" in cwd_b:
-        return _not_spawned(raw_args, "cwd contains a NUL byte", started)
+        return _not_spawned(raw_args, "cwd contains a NUL byte", started, payload)
 
-    envp: Optional[list[bytes]]
-    child_path: Optional[bytes]
+    envp: list[bytes] | None
+    child_path: bytes | None
     if env_mode == "merge" and not env_items:
         envp = None  # the caller's environment, as it is
         child_path = os.environb.get(b"PATH")
@@ -367,13 +367,13 @@ def run(
             if not kb or b"=" in kb or b"\0" in kb:
                 return _not_spawned(
                     raw_args, f"environment variable name {_text_arg(kb)!r} is empty or "
-                    "contains '=' or a NUL byte", started)
+                    "contains '=' or a NUL byte", started, payload)
             if vb is None:
                 merged.pop(kb, None)
             elif b"\0" in vb:
                 return _not_spawned(
                     raw_args, f"environment variable {_text_arg(kb)!r} contains a NUL byte",
-                    started)
+                    started, payload)
             else:
                 merged[kb] = vb
         envp = [k + b"=" + v for k, v in merged.items()]
@@ -402,8 +402,8 @@ def run(
     return _to_result(out, raw_args, cwd_b, len(payload), text, started)
 
 
-def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: Optional[bytes],
-                  payload_len: int) -> Optional[str]:
+def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes | None,
+                  payload_len: int) -> str | None:
     if out.err_stage:
         name = _native.errno_name(out.err_errno)
         stage = _native.stage_name(out.err_stage)
@@ -421,10 +421,10 @@ def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: Option
     return None
 
 
-def _to_result(out: _native.NativeOutcome, args: Sequence[bytes], cwd: Optional[bytes],
+def _to_result(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes | None,
                payload_len: int, text: bool, started: float) -> Result:
-    stdout: Union[bytes, str] = out.stdout
-    stderr: Union[bytes, str] = out.stderr
+    stdout: bytes | str = out.stdout
+    stderr: bytes | str = out.stderr
     if text:
         stdout = out.stdout.decode("utf-8", "replace")
         stderr = out.stderr.decode("utf-8", "replace")
