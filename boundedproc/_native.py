@@ -115,7 +115,7 @@ if core_version() != __version__:  # pragma: no cover - only on a stale build
 
 
 def _find_supervisor() -> bytes | None:
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or _bp.__file__ is None:
         return None
     path = os.path.join(os.path.dirname(os.path.abspath(_bp.__file__)), "_bp_supervisor")
     if os.access(path, os.X_OK):
