@@ -13,6 +13,7 @@ from boundedproc._native import (
 )
 from boundedproc._result import ProcessFailed, Result
 from boundedproc._run import Cancel, Limits, run
+from boundedproc._scale import run_async, run_many
 from boundedproc._version import __version__
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "Limits",
     "ProcessFailed",
     "Result",
-    "run",
     "__version__",
+    "run",
+    "run_async",
+    "run_many",
 ]
