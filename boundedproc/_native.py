@@ -114,17 +114,8 @@ if core_version() != __version__:  # pragma: no cover - only on a stale build
     )
 
 
-def _find_supervisor() -> bytes | None:
-    if not sys.platform.startswith("linux") or _bp.__file__ is None:
-        return None
-    path = os.path.join(os.path.dirname(os.path.abspath(_bp.__file__)), "_bp_supervisor")
-    if os.access(path, os.X_OK):
-        return os.fsencode(path)
-    return None
-
-
-SUPERVISOR: bytes | None = _find_supervisor()
-"""The containment supervisor's path, or None where containment is unavailable."""
+CONTAIN_SUPPORTED: bool = bool(lib.bp_contain_supported())
+"""Whether contained runs are available (x86_64/aarch64 Linux with a subreaper)."""
 
 
 def pidfd_supported() -> bool:
@@ -172,7 +163,7 @@ class NativeSpec:
     rlimits_soft: Sequence[int]
     rlimits_hard: Sequence[int]
     exit_watch: int = WATCH_AUTO
-    supervisor: bytes | None = None  # contained run: the supervisor's path
+    contain: bool = False  # start the command under the containment supervisor
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,10 +329,7 @@ def execute(spec: NativeSpec) -> NativeOutcome:
     c.kill_grace_ns = spec.kill_grace_ns
     c.drain_grace_ns = spec.drain_grace_ns
     c.exit_watch = spec.exit_watch
-    if spec.supervisor is not None:
-        sup = ffi.new("char[]", spec.supervisor)
-        keep.append(sup)
-        c.supervisor = sup
+    c.contain = int(spec.contain)
     for i in range(NRLIMITS):
         c.rlimits_soft[i] = spec.rlimits_soft[i]
         c.rlimits_hard[i] = spec.rlimits_hard[i]

@@ -257,8 +257,9 @@ def run(
         contain: Kill, at the end, also the descendants that left the group
             (``setsid``, double fork, daemonising), and every process of the
             run if the caller dies, even by SIGKILL.  A small supervisor
-            process, a child subreaper, sits between the caller and the
-            command for this (the caller itself never becomes a subreaper).
+            process, a child subreaper cloned into the caller's address space
+            (no exec), sits between the caller and the command for this; the
+            caller itself never becomes a subreaper.
             ``None`` (the default) means on where supported (Linux);
             ``True`` where unsupported raises ``ValueError``.
 
@@ -340,10 +341,10 @@ def run(
         raise TypeError(f"limits must be a boundedproc.Limits, not {type(limits).__name__}")
     if contain is not None and not isinstance(contain, bool):
         raise TypeError(f"contain must be a bool or None, not {type(contain).__name__}")
-    if contain and _native.SUPERVISOR is None:
-        raise ValueError("contain=True needs Linux and the boundedproc supervisor; "
-                         "pass contain=None to contain where supported")
-    supervisor = _native.SUPERVISOR if contain is not False else None
+    if contain and not _native.CONTAIN_SUPPORTED:
+        raise ValueError("contain=True needs Linux (x86_64 or aarch64) with "
+                         "PR_SET_CHILD_SUBREAPER; pass contain=None to contain where supported")
+    contained = _native.CONTAIN_SUPPORTED if contain is None else contain
 
     # ---- content that cannot reach a process: returned, not raised ------------
     also_cancel = ALSO_CANCEL.get()
@@ -396,7 +397,7 @@ def run(
         drain_grace_ns=_ns(drain_grace_s),
         rlimits_soft=soft,
         rlimits_hard=hard,
-        supervisor=supervisor,
+        contain=contained,
     )
     out = _native.execute(spec)
     return _to_result(out, raw_args, cwd_b, len(payload), text, started)

@@ -94,7 +94,7 @@ struct bp_spec {
     int64_t kill_grace_ns;        /* SIGTERM, then SIGKILL after this; 0: SIGKILL at once */
     int64_t drain_grace_ns;       /* after the reap, read pipes at most this long */
     int exit_watch;               /* BP_WATCH_*: AUTO picks pidfd where the kernel has it */
-    const char *supervisor;       /* path of the containment supervisor; NULL: not contained */
+    int contain;                  /* 1: start the command under the containment supervisor */
     int64_t rlimits_soft[5];      /* BP_NRLIMITS entries, < 0: unchanged */
     int64_t rlimits_hard[5];
 };
@@ -133,3 +133,4 @@ void bp_abort(struct bp_run *run);
 int bp_take_output(struct bp_run *run, int stream, unsigned char *dest, size_t len);
 void bp_free(struct bp_run *run);
 int bp_group_alive(int pgid, int leader);
+int bp_contain_supported(void);

@@ -63,10 +63,16 @@ struct bp_run {
     int sigkill_sent;
     pid_t sup_pid;          /* the containment supervisor (our child), 0: none */
     int ctl_fd;             /* our end of its command socket, -1: none */
+    void *sup_region;       /* its context and stacks, unmapped once it is reaped */
+    size_t sup_region_len;
 };
 
 /* spawn.c */
 int bp__spawn(struct bp_run *run);
+
+/* contain.c */
+pid_t bp__contain_clone(const struct bp_spec *spec, char *const *envp, int in_r, int out_w,
+                        int err_w, int ctl, int st, void **region, size_t *region_len);
 
 /* loop.c */
 int64_t bp__now_ns(void);

@@ -15,7 +15,7 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SOURCES = ["spawn.c", "loop.c", "kill.c"]
+SOURCES = ["spawn.c", "loop.c", "kill.c", "contain.c"]
 
 
 def _version() -> str:
@@ -51,45 +51,7 @@ ffibuilder.set_source(
     libraries=[] if sys.platform == "darwin" else [],
 )
 
-SUPERVISOR_NAME = "_bp_supervisor"
-
-
-def build_supervisor(out_dir: str, compiler: object = None, build_temp: str = "build") -> str:
-    """Compile the containment supervisor (Linux) into ``out_dir``.
-
-    It is a program of its own, not part of the extension: the core execs it
-    in place of a contained command.  Linked statically where the C library
-    allows it, for a faster exec; dynamically otherwise.
-
-    Returns:
-        The path of the executable, or "" where containment is not built.
-    """
-    if not sys.platform.startswith("linux"):
-        return ""
-    if compiler is None:
-        from setuptools._distutils.ccompiler import new_compiler
-        from setuptools._distutils.sysconfig import customize_compiler
-
-        compiler = new_compiler()
-        customize_compiler(compiler)
-    flags = ["-O2"] + _cflags()
-    src = os.path.join("csrc", "supervisor.c")
-    objects = compiler.compile(  # type: ignore[attr-defined]
-        [src], output_dir=build_temp, include_dirs=[HERE], extra_postargs=flags,
-        macros=[("_GNU_SOURCE", "1")])
-    ldflags = os.environ.get("BOUNDEDPROC_LDFLAGS", "").split()
-    try:
-        compiler.link_executable(  # type: ignore[attr-defined]
-            objects, SUPERVISOR_NAME, output_dir=out_dir,
-            extra_postargs=[] if ldflags else ["-static"])
-    except Exception:  # no static libc: a dynamic executable works the same
-        compiler.link_executable(  # type: ignore[attr-defined]
-            objects, SUPERVISOR_NAME, output_dir=out_dir, extra_postargs=ldflags)
-    return os.path.join(out_dir, SUPERVISOR_NAME)
-
-
 if __name__ == "__main__":
-    # In-place development build: the extension and the supervisor beside it.
+    # In-place development build: boundedproc/_bp*.so
     os.chdir(ROOT)
     ffibuilder.compile(verbose=False)
-    build_supervisor(os.path.join(ROOT, "boundedproc"))

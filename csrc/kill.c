@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -84,6 +85,10 @@ static int reap_supervised(struct bp_run *run)
     while (waitpid(run->sup_pid, &status, 0) < 0 && errno == EINTR)
         ;
     run->sup_pid = 0;
+    if (run->sup_region != NULL) {  /* its stacks: only now that it is reaped */
+        munmap(run->sup_region, run->sup_region_len);
+        run->sup_region = NULL;
+    }
     run->reaped = 1;
     bp__close_fd(&run->exit_fd);
     bp__close_fd(&run->ctl_fd);

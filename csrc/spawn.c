@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -41,9 +42,6 @@ struct child_ctx {
     int out_w;
     int err_w;
     int errpipe_w;
-    char *const *sup_argv;  /* NULL: exec the command itself */
-    int ctl_fd;             /* supervisor's ends of the ctl and st sockets */
-    int st_fd;
     pid_t parent;           /* the caller's pid, to detect its death before exec */
 };
 
@@ -152,9 +150,7 @@ static int rlimit_resource(int index)
     }
 }
 
-/* Runs in the vfork child: set up and exec, or report why not and _exit.
- * With a supervisor, the program exec'd is the supervisor, which starts the
- * command itself (it keeps the ctl and st sockets across the exec). */
+/* Runs in the vfork child: set up and exec, or report why not and _exit. */
 __attribute__((noreturn, noinline)) static void child_main(const struct child_ctx *c)
 {
     const struct bp_spec *spec = c->spec;
@@ -171,11 +167,7 @@ __attribute__((noreturn, noinline)) static void child_main(const struct child_ct
     if (dup2(c->in_r, 0) < 0 || dup2(c->out_w, 1) < 0 || dup2(err_target, 2) < 0)
         child_fail(efd, BP_STAGE_DUP, errno);
 
-    int keep[3] = {efd, c->ctl_fd, c->st_fd};
-    bp_child_close_fds(keep, c->sup_argv != NULL ? 3 : 1);
-    if (c->sup_argv != NULL
-        && (fcntl(c->ctl_fd, F_SETFD, 0) < 0 || fcntl(c->st_fd, F_SETFD, 0) < 0))
-        child_fail(efd, BP_STAGE_SUPERVISOR, errno);
+    bp_child_close_fds(&efd, 1);
 
     for (int i = 0; i < BP_NRLIMITS; i++) {
         if (spec->rlimits_soft[i] < 0 && spec->rlimits_hard[i] < 0)
@@ -198,11 +190,6 @@ __attribute__((noreturn, noinline)) static void child_main(const struct child_ct
         child_fail(efd, BP_STAGE_CHDIR, errno);
 
     char *const *envp = spec->envp != NULL ? spec->envp : environ;
-    if (c->sup_argv != NULL) {
-        /* The supervisor empties the mask itself once SIGCHLD is routed. */
-        execve(c->sup_argv[0], c->sup_argv, envp);
-        child_fail(efd, BP_STAGE_SUPERVISOR, errno);
-    }
 
 #ifdef __linux__
     /* Uncontained run: at least the leader dies with the caller.  The
@@ -264,48 +251,6 @@ static void spawn_failed(struct bp_run *run, int stage, int err)
     }
 }
 
-/* Build the supervisor's argv:
- *   SUP CTL_FD ST_FD NCAND CAND... -- ARGV...
- * Returns a malloc'd vector (strings in one block after it) or NULL. */
-static char **supervisor_argv(const struct bp_spec *spec, int ctl_fd, int st_fd)
-{
-    size_t ncand = 0, nargs = 0, bytes = 0;
-    for (char *const *p = spec->exec_paths; *p != NULL; p++, ncand++)
-        bytes += strlen(*p) + 1;
-    for (char *const *p = spec->argv; *p != NULL; p++, nargs++)
-        bytes += strlen(*p) + 1;
-    size_t slots = 5 + ncand + 1 + nargs + 1;
-    bytes += strlen(spec->supervisor) + 1 + 3 * 24;
-    char **v = malloc(slots * sizeof *v + bytes);
-    if (v == NULL)
-        return NULL;
-    char *s = (char *)(v + slots);
-    size_t i = 0;
-#define PUT(str)                         \
-    do {                                 \
-        size_t l_ = strlen(str) + 1;     \
-        memcpy(s, (str), l_);            \
-        v[i++] = s;                      \
-        s += l_;                         \
-    } while (0)
-    char num[24];
-    PUT(spec->supervisor);
-    snprintf(num, sizeof num, "%d", ctl_fd);
-    PUT(num);
-    snprintf(num, sizeof num, "%d", st_fd);
-    PUT(num);
-    snprintf(num, sizeof num, "%zu", ncand);
-    PUT(num);
-    for (char *const *p = spec->exec_paths; *p != NULL; p++)
-        PUT(*p);
-    PUT("--");
-    for (char *const *p = spec->argv; *p != NULL; p++)
-        PUT(*p);
-#undef PUT
-    v[i] = NULL;
-    return v;
-}
-
 static ssize_t read_full(int fd, void *buf, size_t len)
 {
     size_t got = 0;
@@ -323,26 +268,42 @@ static ssize_t read_full(int fd, void *buf, size_t len)
     return (ssize_t)got;
 }
 
+/* Read the supervisor's first report: the leader's pid, or why it failed. */
+static void read_spawn_report(int st, pid_t *leader, int *stage, int *err)
+{
+    struct bp_sup_msg m;
+    ssize_t n = read_full(st, &m, sizeof m);
+    if (n == (ssize_t)sizeof m && m.type == BP_MSG_SPAWNED) {
+        *leader = m.pid;
+    } else if (n == (ssize_t)sizeof m && m.type == BP_MSG_SPAWN_FAILED) {
+        *stage = m.stage;
+        *err = m.err;
+    } else {
+        *stage = BP_STAGE_SUPERVISOR;
+        *err = EIO;
+    }
+}
+
 /*
- * bp__spawn: create the pipes and start the child (or, for a contained run,
- * the supervisor that starts it).
- * Returns 0.  When the OS refuses (pipe, vfork, setsid, chdir, setrlimit,
- * execve, or the supervisor failed), res->spawned is 0 and err_stage/err_errno
- * say why; no fd is left open and no child is left unreaped.  On success
- * res->spawned is 1 and run->pid (the leader), run->stdin_fd, run->out.fd,
- * run->err.fd are set; for a contained run also run->sup_pid, run->ctl_fd and
- * run->exit_fd (the supervisor's status socket).
+ * bp__spawn: create the pipes and start the child (for a contained run, the
+ * supervisor that starts it: contain.c).
+ * Returns 0.  When the OS refuses (pipe, vfork/clone, setsid, chdir,
+ * setrlimit, execve, or the supervisor failed), res->spawned is 0 and
+ * err_stage/err_errno say why; no fd is left open and no child unreaped.  On
+ * success res->spawned is 1 and run->pid (the leader), run->stdin_fd,
+ * run->out.fd, run->err.fd are set; for a contained run also run->sup_pid,
+ * run->ctl_fd, run->exit_fd (the supervisor's status socket) and its region.
  */
 int bp__spawn(struct bp_run *run)
 {
     const struct bp_spec *spec = run->spec;
     int in_p[2] = {-1, -1}, out_p[2] = {-1, -1}, err_p[2] = {-1, -1}, ep[2] = {-1, -1};
     int ctl[2] = {-1, -1}, st[2] = {-1, -1};
-    char **sup_argv = NULL;
-    int contained = spec->supervisor != NULL;
+    int contained = spec->contain != 0;
 
     if (make_pipe(in_p) < 0 || make_pipe(out_p) < 0
-        || (!spec->merge_stderr && make_pipe(err_p) < 0) || make_pipe(ep) < 0
+        || (!spec->merge_stderr && make_pipe(err_p) < 0)
+        || (!contained && make_pipe(ep) < 0)
         || (contained && (make_socketpair(ctl) < 0 || make_socketpair(st) < 0))) {
         int e = errno;
         close_pair(in_p);
@@ -354,35 +315,29 @@ int bp__spawn(struct bp_run *run)
         spawn_failed(run, BP_STAGE_PIPE, e);
         return 0;
     }
-    if (contained && (sup_argv = supervisor_argv(spec, ctl[1], st[1])) == NULL) {
-        close_pair(in_p);
-        close_pair(out_p);
-        close_pair(err_p);
-        close_pair(ep);
-        close_pair(ctl);
-        close_pair(st);
-        spawn_failed(run, BP_STAGE_ALLOC, ENOMEM);
-        return 0;
-    }
 #if defined(__linux__) && defined(F_SETPIPE_SZ)
     /* A larger pipe means fewer wakeups per megabyte; refusal is harmless. */
     (void)fcntl(out_p[0], F_SETPIPE_SZ, 1 << 20);
 #endif
-
-    struct child_ctx ctx;
-    ctx.spec = spec;
-    ctx.in_r = in_p[0];
-    ctx.out_w = out_p[1];
-    ctx.err_w = spec->merge_stderr ? out_p[1] : err_p[1];
-    ctx.errpipe_w = ep[1];
-    ctx.sup_argv = sup_argv;
-    ctx.ctl_fd = ctl[1];
-    ctx.st_fd = st[1];
-    ctx.parent = getpid();
+    int err_w = spec->merge_stderr ? out_p[1] : err_p[1];
 
     int fork_errno = 0;
-    pid_t pid = spawn_child(&ctx, &fork_errno);
-    free(sup_argv);
+    pid_t pid;
+    if (contained) {
+        char *const *envp = spec->envp != NULL ? spec->envp : environ;
+        pid = bp__contain_clone(spec, envp, in_p[0], out_p[1], err_w, ctl[1], st[1],
+                                &run->sup_region, &run->sup_region_len);
+        fork_errno = errno;
+    } else {
+        struct child_ctx ctx;
+        ctx.spec = spec;
+        ctx.in_r = in_p[0];
+        ctx.out_w = out_p[1];
+        ctx.err_w = err_w;
+        ctx.errpipe_w = ep[1];
+        ctx.parent = getpid();
+        pid = spawn_child(&ctx, &fork_errno);
+    }
 
     bp__close_fd(&in_p[0]);
     bp__close_fd(&out_p[1]);
@@ -402,36 +357,30 @@ int bp__spawn(struct bp_run *run)
         return 0;
     }
 
-    struct child_error ce;
-    ssize_t n = read_full(ep[0], &ce, sizeof ce);
-    bp__close_fd(&ep[0]);
-
     int stage = 0, err = 0;
     pid_t leader = pid;
-    if (n != 0) {
-        stage = n == (ssize_t)sizeof ce ? ce.stage : BP_STAGE_EXEC;
-        err = n == (ssize_t)sizeof ce ? ce.err : EIO;
-    } else if (contained) {
-        /* The supervisor runs; it reports the leader's spawn next. */
-        struct bp_sup_msg m;
-        n = read_full(st[0], &m, sizeof m);
-        if (n == (ssize_t)sizeof m && m.type == BP_MSG_SPAWNED) {
-            leader = m.pid;
-        } else if (n == (ssize_t)sizeof m && m.type == BP_MSG_SPAWN_FAILED) {
-            stage = m.stage;
-            err = m.err;
-        } else {
-            stage = BP_STAGE_SUPERVISOR;
-            err = EIO;
+    if (contained) {
+        read_spawn_report(st[0], &leader, &stage, &err);
+    } else {
+        struct child_error ce;
+        ssize_t n = read_full(ep[0], &ce, sizeof ce);
+        bp__close_fd(&ep[0]);
+        if (n != 0) {
+            stage = n == (ssize_t)sizeof ce ? ce.stage : BP_STAGE_EXEC;
+            err = n == (ssize_t)sizeof ce ? ce.err : EIO;
         }
     }
 
     if (stage != 0) {
-        /* Nothing was started (or the supervisor gives up): reap our child. */
+        /* Nothing was started: reap our child (the supervisor exits on EOF). */
         int status;
-        close_pair(ctl);  /* EOF tells a live supervisor to clean up and exit */
+        close_pair(ctl);
         while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
             ;
+        if (run->sup_region != NULL) {
+            munmap(run->sup_region, run->sup_region_len);
+            run->sup_region = NULL;
+        }
         close_pair(in_p);
         close_pair(out_p);
         close_pair(err_p);
