@@ -1,7 +1,7 @@
 /*
  * bp_supervisor.h: the wire protocol between the core and the containment
- * supervisor (supervisor.c), a tiny program the core starts in place of the
- * command when a run is contained.
+ * supervisor (contain.c), which the core clones for a contained run and
+ * which starts the command.
  *
  *   core --ctl--> supervisor:  one byte per command on a socket:
  *       'T'  SIGTERM the leader's group and every adopted process
