@@ -16,6 +16,15 @@ Decisions taken where SPEC section 4 is silent:
   ``uncheckable`` with that reason and note.
 - Output lines are written in input order, each as soon as it and every claim before it are
   graded. Ctrl-C cancels the running checks (their groups are killed) and exits 130.
+- ``--executor dask://HOST:PORT`` grades on a Dask cluster (see ``grader._executor``); ``--jobs``
+  then does not apply, the cluster's worker threads decide how many checks run at once. A
+  missing ``distributed`` or a scheduler that does not answer within ``--connect-timeout``
+  exits 2 before anything is graded, and so does a task the cluster fails (a worker without
+  this package, say): that says nothing about a claim, so no claim is graded from it. Ctrl-C is
+  best effort there: tasks not yet started are cancelled and the grader exits 130 at once, but
+  a check already running on a worker goes on until it ends or its ``--timeout`` kills its
+  group. ``--cwd`` names a directory on the workers and is not checked here; a worker that
+  lacks it grades its claims ``unrunnable`` (``runner-failure``).
 """
 
 from __future__ import annotations
@@ -28,10 +37,12 @@ import sys
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from ._executor import ExecutorUnavailable, dask_executor, parse_executor
 from ._grade import (
     DuplicateMarker,
     Evidence,
@@ -63,6 +74,7 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 DEFAULT_TIMEOUT = 30.0
+DEFAULT_CONNECT_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,16 +234,27 @@ def verify_claims(
 ) -> Generator[ClaimOutcome, None, None]:
     """Verify claims concurrently and yield their outcomes in input order, duplicates flagged.
 
+    Each claim is submitted as ``verify_claim(claim, ...)``: a module-level function and plain
+    dataclasses, so any ``concurrent.futures.Executor`` can run it, a process pool or a Dask
+    cluster's ``Client.get_executor()`` included. Duplicates (SPEC 3.4) are flagged here, in
+    input order, once the grades are back, so every executor gives the same outcomes.
+
+    If the pass stops early (an exception, Ctrl-C, or the consumer closing the generator), it
+    fires ``cancel`` and cancels every future not yet finished before returning: checks in this
+    process have their groups killed; with another executor this is best effort, as a check
+    already running there goes on until it ends or its ``timeout`` kills it.
+
     Args:
         claims: The claims.
-        cwd: Working directory of every check.
+        cwd: Working directory of every check (on the machine that runs it).
         timeout: Seconds for each parse and each run.
         jobs: Checks run at once when no ``executor`` is given (a thread pool; the runner
             releases the GIL while it waits).
         executor: Where to run ``verify_claim``; it is not shut down here.
         bash: The bash program.
-        cancel: A ``boundedproc.Cancel`` passed to every run; with a foreign ``executor`` it
-            must be something that executor can ship to its workers.
+        cancel: A ``boundedproc.Cancel`` for the checks. It is passed to them only when they run
+            in this process (no ``executor``, or a ``ThreadPoolExecutor``): a ``Cancel`` is a
+            pipe of this process, meaningless elsewhere. Other executors' checks run without it.
         on_done: Called in the calling thread as each claim finishes, in completion order
             (for a progress bar).
 
@@ -240,16 +263,23 @@ def verify_claims(
 
     Raises:
         ValueError: ``jobs`` is less than 1.
+        Exception: Whatever the executor raises for a claim's task (a bug, or a remote worker
+            that could not run it); the pass stops as described above.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
     own = executor is None
     pool: Executor = ThreadPoolExecutor(max_workers=jobs) if executor is None else executor
+    in_process = own or isinstance(pool, ThreadPoolExecutor)
+    check_cancel = cancel if in_process else None
+    futures: list[Future[ClaimOutcome]] = []
     try:
-        futures: list[Future[ClaimOutcome]] = [
-            pool.submit(verify_claim, claim, cwd=cwd, timeout=timeout, bash=bash, cancel=cancel)
-            for claim in claims
-        ]
+        for claim in claims:
+            futures.append(
+                pool.submit(
+                    verify_claim, claim, cwd=cwd, timeout=timeout, bash=bash, cancel=check_cancel
+                )
+            )
         index_of = {future: index for index, future in enumerate(futures)}
         finished: dict[int, ClaimOutcome] = {}
         marker = DuplicateMarker()
@@ -267,9 +297,12 @@ def verify_claims(
                 next_index += 1
     except BaseException:
         # Interrupted, failed, or abandoned by the consumer (GeneratorExit): stop the checks
-        # still running before waiting for the pool, so shutting down takes no check's budget.
+        # still running before waiting for the pool, so shutting down takes no check's budget,
+        # and withdraw the ones not started, which is all a foreign executor lets us do.
         if cancel is not None:
             cancel.cancel()
+        for pending in futures:
+            pending.cancel()
         raise
     finally:
         if own:
@@ -389,6 +422,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _executor_address(text: str) -> str | None:
+    try:
+        return parse_executor(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m grader",
@@ -404,7 +444,9 @@ def _parser() -> argparse.ArgumentParser:
             "with id, verdict, reason, note, duplicate_of, exit_code and duration, in input "
             "order. A summary goes to stderr. Exit status: 0 all graded and none contradicted, "
             "1 some claim contradicted, 2 bad input (a malformed line is reported as "
-            "'line N: ...' and the other claims are still graded)."
+            "'line N: ...' and the other claims are still graded) or an executor that cannot "
+            "be used, 130 interrupted. On a Dask cluster every worker needs this package "
+            "installed and the working directory at the same path."
         ),
     )
     parser.add_argument("claims", metavar="CLAIMS.jsonl", help="the claims file to grade")
@@ -428,7 +470,28 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         type=_positive_int,
         default=os.cpu_count() or 1,
-        help="checks run at once (default: the number of CPUs)",
+        help="checks run at once with the local executor (default: the number of CPUs)",
+    )
+    parser.add_argument(
+        "--executor",
+        metavar="WHERE",
+        type=_executor_address,
+        default=None,
+        help=(
+            "where the checks run: 'local' (a thread pool of --jobs threads; the default) or "
+            "'dask://HOST:PORT', the scheduler of a Dask cluster (needs the optional "
+            "'distributed' package: pip install 'boundedproc[dask]')"
+        ),
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        metavar="S",
+        type=_positive_float,
+        default=DEFAULT_CONNECT_TIMEOUT,
+        help=(
+            "seconds to wait for the Dask scheduler before exiting 2 "
+            f"(default: {DEFAULT_CONNECT_TIMEOUT:g})"
+        ),
     )
     parser.add_argument(
         "--out", metavar="FILE", help="write the JSON lines to FILE instead of stdout"
@@ -436,32 +499,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line.
-
-    Args:
-        argv: The arguments after the program name; ``None`` for ``sys.argv[1:]``.
-
-    Returns:
-        The exit status: 0, 1 (a claim was contradicted), 2 (bad input) or 130 (interrupted).
-    """
-    parser = _parser()
-    args = parser.parse_args(argv)
-    claims_path = Path(args.claims)
-    try:
-        lines = claims_path.read_bytes().splitlines()
-    except OSError as exc:
-        print(f"grader: cannot read {args.claims}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    cwd = Path(args.cwd) if args.cwd is not None else claims_path.resolve().parent
-    if not cwd.is_dir():
-        print(f"grader: --cwd {cwd} is not a directory", file=sys.stderr)
-        return EXIT_BAD_INPUT
-
-    claims, errors = parse_claims(lines)
-    for error in errors:
-        print(error, file=sys.stderr)
-
+def _grade_pass(
+    claims: Sequence[ClaimLine],
+    malformed: int,
+    *,
+    args: argparse.Namespace,
+    cwd: str,
+    executor: Executor | None,
+) -> int:
+    """Grade the claims, write their lines and the summary; return the exit status."""
     out: IO[str]
     if args.out is not None:
         try:
@@ -480,9 +526,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcomes: list[ClaimOutcome] = []
     results = verify_claims(
         claims,
-        cwd=str(cwd.resolve()),
+        cwd=cwd,
         timeout=args.timeout,
         jobs=args.jobs,
+        executor=executor,
         cancel=cancel,
         on_done=progress.update,
     )
@@ -492,20 +539,78 @@ def main(argv: Sequence[str] | None = None) -> int:
             out.write(outcome_json(outcome) + "\n")
             out.flush()
     except KeyboardInterrupt:
-        # Every running check watches this Cancel: their groups are killed and reaped, and
-        # closing the generator waits for the pool, so nothing outlives the interrupted grader.
+        # Locally every running check watches this Cancel: their groups are killed and reaped,
+        # and closing the generator waits for the pool, so nothing outlives the interrupted
+        # grader. On a cluster the unfinished tasks are cancelled (see the module docstring).
         cancel.cancel()
         results.close()
         progress.close()
         print("grader: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        if executor is None:
+            raise  # a failure of this process's own grading is a bug: show its traceback
+        progress.close()
+        print(
+            f"grader: the executor failed to grade a claim, so the pass stops "
+            f"({type(exc).__name__}: {exc})",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     finally:
         if out is not sys.stdout:
             out.close()
     progress.close()
-    print(_summary(outcomes, len(errors), time.monotonic() - started), file=sys.stderr)
-    if errors:
+    print(_summary(outcomes, malformed, time.monotonic() - started), file=sys.stderr)
+    if malformed:
         return EXIT_BAD_INPUT
     if any(outcome.grade.verdict is Verdict.CONTRADICTED for outcome in outcomes):
         return EXIT_CONTRADICTED
     return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: The arguments after the program name; ``None`` for ``sys.argv[1:]``.
+
+    Returns:
+        The exit status: 0, 1 (a claim was contradicted), 2 (bad input, or an executor that
+        cannot be used) or 130 (interrupted).
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    address: str | None = args.executor
+    claims_path = Path(args.claims)
+    try:
+        lines = claims_path.read_bytes().splitlines()
+    except OSError as exc:
+        print(f"grader: cannot read {args.claims}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    cwd = Path(args.cwd) if args.cwd is not None else claims_path.resolve().parent
+    # On a cluster the directory is the workers' and need not exist on this machine.
+    if address is None and not cwd.is_dir():
+        print(f"grader: --cwd {cwd} is not a directory", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+    claims, errors = parse_claims(lines)
+    for error in errors:
+        print(error, file=sys.stderr)
+
+    with ExitStack() as stack:
+        executor: Executor | None = None
+        if address is not None:
+            try:
+                executor = stack.enter_context(
+                    dask_executor(address, connect_timeout=args.connect_timeout)
+                )
+            except ExecutorUnavailable as exc:
+                print(f"grader: {exc}", file=sys.stderr)
+                return EXIT_BAD_INPUT
+            except KeyboardInterrupt:
+                print("grader: interrupted", file=sys.stderr)
+                return EXIT_INTERRUPTED
+        return _grade_pass(
+            claims, len(errors), args=args, cwd=str(cwd.resolve()), executor=executor
+        )

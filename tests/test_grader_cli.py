@@ -11,8 +11,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import pytest
 import boundedproc
 import grader
 import grader._cli as cli
+import grader._executor as executors
 from grader import (
     CheckExecution,
     Evidence,
@@ -264,7 +266,16 @@ def test_output_keeps_input_order_whatever_finishes_first(
 
 @pytest.mark.parametrize(
     "argv",
-    [["--jobs", "0"], ["--jobs", "two"], ["--timeout", "-1"], ["--timeout", "nan"], []],
+    [
+        ["--jobs", "0"],
+        ["--jobs", "two"],
+        ["--timeout", "-1"],
+        ["--timeout", "nan"],
+        ["--executor", "threads"],
+        ["--executor", "dask://127.0.0.1"],
+        ["--connect-timeout", "0"],
+        [],
+    ],
 )
 def test_bad_arguments_exit_two(tmp_path: Path, argv: list[str], capsys: Any) -> None:
     """Invalid options, or no claims file, are usage errors: exit status 2."""
@@ -376,6 +387,173 @@ def test_foreign_executor_is_used_and_left_open(fake: FakeVerify) -> None:
     assert [o.id for o in outcomes] == ["0", "1", "2", "3"]
 
 
+def test_foreign_executor_loses_its_unstarted_checks_when_the_pass_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Closing the pass early cancels the futures a caller's executor has not started yet."""
+    stand_in = FakeVerify({"grep -c PARETO results.txt": 0.2})
+    monkeypatch.setattr(cli, "verify_gradeable_evidence", stand_in)
+    claims, _ = cli.parse_claims([json.dumps(claim(str(i))).encode() for i in range(6)])
+    with ThreadPoolExecutor(1) as pool:
+        outcomes = cli.verify_claims(claims, cwd=".", executor=pool)
+        next(outcomes)
+        outcomes.close()
+    assert len(stand_in.calls) <= 2  # the first, and at most the one running when it closed
+
+
+class InlineExecutor(Executor):
+    """Runs each call at once in the calling thread: an executor that is not a thread pool."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+def test_cancel_reaches_checks_only_in_this_process(fake: FakeVerify) -> None:
+    """The Cancel goes to checks run by the own pool or a thread pool, never elsewhere."""
+    claims, _ = cli.parse_claims([json.dumps(claim("a")).encode()])
+    cancel = boundedproc.Cancel()
+    with ThreadPoolExecutor(1) as pool:
+        for executor in (None, pool, InlineExecutor()):
+            list(cli.verify_claims(claims, cwd=".", executor=executor, cancel=cancel))
+    assert [call["cancel"] for call in fake.calls] == [cancel, cancel, None]
+
+
+# --- --executor ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "address"),
+    [
+        ("local", None),
+        ("dask://127.0.0.1:8786", "tcp://127.0.0.1:8786"),
+        ("dask://localhost:8786/", "tcp://localhost:8786"),
+        ("dask://[::1]:8786", "tcp://[::1]:8786"),
+    ],
+)
+def test_parse_executor_reads_local_and_dask(text: str, address: str | None) -> None:
+    """`local` is the thread pool; `dask://HOST:PORT` becomes the scheduler's tcp address."""
+    assert executors.parse_executor(text) == address
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "threads",
+        "LOCAL",
+        "dask://127.0.0.1",
+        "dask://:8786",
+        "dask://127.0.0.1:99999",
+        "dask://127.0.0.1:port",
+        "dask://127.0.0.1:8786/graders",
+        "dask://user@127.0.0.1:8786",
+        "tcp://127.0.0.1:8786",
+    ],
+)
+def test_parse_executor_refuses_anything_else(text: str) -> None:
+    """Any other value is a ValueError that names the two accepted forms."""
+    with pytest.raises(ValueError, match="expected 'local' or 'dask://HOST:PORT'"):
+        executors.parse_executor(text)
+
+
+class FakeCluster:
+    """Stands in for dask_executor: records how it was opened and lends a thread pool."""
+
+    def __init__(self, pool: Executor | None = None) -> None:
+        self.opened: list[tuple[str, float]] = []
+        self.closed = False
+        self.pool = pool
+
+    @contextmanager
+    def __call__(self, address: str, *, connect_timeout: float) -> Iterator[Executor]:
+        self.opened.append((address, connect_timeout))
+        pool = self.pool or ThreadPoolExecutor(2)
+        try:
+            yield pool
+        finally:
+            pool.shutdown()
+            self.closed = True
+
+
+def test_executor_dask_grades_there_and_closes_it(
+    tmp_path: Path, fake: FakeVerify, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """--executor dask://… opens the scheduler with --connect-timeout, grades, then closes it."""
+    cluster = FakeCluster()
+    monkeypatch.setattr(cli, "dask_executor", cluster)
+    path = write_claims(tmp_path, claim("a"), claim("b", check="contra"))
+    argv = [str(path), "--executor", "dask://127.0.0.1:8786", "--connect-timeout", "3"]
+    assert cli.main(argv) == 1
+    assert cluster.opened == [("tcp://127.0.0.1:8786", 3.0)] and cluster.closed
+    lines = output_lines(capsys.readouterr().out)
+    assert [(line["id"], line["verdict"]) for line in lines] == [
+        ("a", "verified"),
+        ("b", "contradicted"),
+    ]
+
+
+def test_executor_local_is_the_default(
+    tmp_path: Path, fake: FakeVerify, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--executor local grades in this process's thread pool and opens no cluster."""
+    cluster = FakeCluster()
+    monkeypatch.setattr(cli, "dask_executor", cluster)
+    path = write_claims(tmp_path, claim("a"))
+    assert cli.main([str(path), "--executor", "local", "--jobs", "2"]) == 0
+    assert cluster.opened == [] and len(fake.calls) == 1
+
+
+def test_cluster_cwd_is_the_workers_and_not_checked_here(
+    tmp_path: Path, fake: FakeVerify, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a cluster --cwd names a directory on the workers: absent here, it is still passed."""
+    monkeypatch.setattr(cli, "dask_executor", FakeCluster())
+    path = write_claims(tmp_path, claim("a"))
+    elsewhere = tmp_path / "only-on-the-workers"
+    assert (
+        cli.main([str(path), "--executor", "dask://127.0.0.1:8786", "--cwd", str(elsewhere)]) == 0
+    )
+    assert [Path(call["cwd"]) for call in fake.calls] == [elsewhere.resolve()]
+
+
+def test_dask_without_distributed_exits_two(
+    tmp_path: Path, fake: FakeVerify, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Asking for dask without `distributed` installed exits 2, says how to install it."""
+    monkeypatch.setitem(sys.modules, "distributed", None)  # makes `import distributed` fail
+    path = write_claims(tmp_path, claim("a"))
+    assert cli.main([str(path), "--executor", "dask://127.0.0.1:8786"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and fake.calls == []
+    assert "needs the optional 'distributed' package" in captured.err
+    assert "pip install 'boundedproc[dask]'" in captured.err
+
+
+class FailingExecutor(Executor):
+    """An executor whose every task fails, as a worker without the package would."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_exception(ModuleNotFoundError("No module named 'grader'"))
+        return future
+
+
+def test_executor_failure_stops_the_pass_with_exit_two(
+    tmp_path: Path, fake: FakeVerify, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """A task the cluster fails grades no claim: the pass stops with a message and exit 2."""
+    monkeypatch.setattr(cli, "dask_executor", FakeCluster(FailingExecutor()))
+    path = write_claims(tmp_path, claim("a"), claim("b"))
+    assert cli.main([str(path), "--executor", "dask://127.0.0.1:8786"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "the executor failed to grade a claim" in captured.err
+    assert "ModuleNotFoundError: No module named 'grader'" in captured.err
+    assert "Traceback" not in captured.err
+
+
 # --- real runs -----------------------------------------------------------------------------
 
 
@@ -416,6 +594,24 @@ def test_real_run_exits_zero_when_nothing_is_contradicted(data_dir: Path, capsys
     assert cli.main([str(path)]) == 0
     lines = output_lines(capsys.readouterr().out)
     assert [(line["verdict"], line["exit_code"]) for line in lines] == [("verified", 0)] * 2
+
+
+def test_a_thread_pool_passed_in_grades_as_the_default_pool() -> None:
+    """verify_claims on a caller's ThreadPoolExecutor gives the default pass's outcomes."""
+    claims, errors = cli.parse_claims(
+        (REPO / "examples" / "claims.jsonl").read_bytes().splitlines()
+    )
+    assert errors == []
+    cwd = str(REPO / "examples")
+
+    def fields(outcomes: list[cli.ClaimOutcome]) -> list[tuple[Any, ...]]:
+        return [(o.id, o.grade, o.exit_code) for o in outcomes]
+
+    default = list(cli.verify_claims(claims, cwd=cwd, jobs=2))
+    with ThreadPoolExecutor(3) as pool:
+        passed_in = list(cli.verify_claims(claims, cwd=cwd, executor=pool))
+    assert fields(passed_in) == fields(default)
+    assert any(o.grade.duplicate_of for o in passed_in)
 
 
 def subprocess_env() -> dict[str, str]:
