@@ -1,0 +1,84 @@
+"""A/B: the same measurement on two builds of boundedproc, interleaved call by call.
+
+Usage:
+    python benchmarks/ab.py A_ROOT B_ROOT [--what capture|spawn] [--bytes N] [--reps R]
+
+A_ROOT and B_ROOT are checkouts with an in-place build (``python
+csrc/build_ffi.py``).  One worker process per build imports its own
+``boundedproc``; the controller asks them in turn (A, B, B, A, ...), so load
+from other processes on the machine hits both alike.  This is how a proposed
+change to ``csrc/`` or ``boundedproc/`` is shown to help before it is made.
+
+``capture`` times ``run(["head", "-c", N, "/dev/zero"], max_output=None)``
+after touching and freeing 2N bytes (see ``run._warm_memory``) and reports
+MiB/s; ``spawn`` times ``run(["/bin/true"])`` in blocks of 50 and reports the
+median in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+
+WORKER = r"""
+import statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+import boundedproc as bp
+for line in sys.stdin:
+    what, arg = line.split()
+    n = int(arg)
+    if what == "capture":
+        buf = bytearray(2 * n); buf[::4096] = b"\x01" * len(range(0, 2 * n, 4096)); del buf
+        t0 = time.perf_counter()
+        r = bp.run(["head", "-c", str(n), "/dev/zero"], max_output=None, timeout=300)
+        d = time.perf_counter() - t0
+        assert len(r.stdout) == n
+        del r
+        print(n / d / 2**20, flush=True)
+    else:
+        xs = []
+        for _ in range(n):
+            t0 = time.perf_counter(); bp.run(["/bin/true"]); xs.append(time.perf_counter() - t0)
+        print(statistics.median(xs) * 1e6, flush=True)
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("a")
+    parser.add_argument("b")
+    parser.add_argument("--what", choices=["capture", "spawn"], default="capture")
+    parser.add_argument("--bytes", type=int, default=512 << 20)
+    parser.add_argument("--reps", type=int, default=8)
+    a = parser.parse_args()
+    workers = {k: subprocess.Popen([sys.executable, "-c", WORKER, root], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+               for k, root in (("A", a.a), ("B", a.b))}
+    arg = a.bytes if a.what == "capture" else 50
+    got: dict[str, list[float]] = {"A": [], "B": []}
+    try:
+        for i in range(a.reps):
+            for k in ("A", "B") if i % 2 == 0 else ("B", "A"):
+                w = workers[k]
+                assert w.stdin is not None and w.stdout is not None
+                w.stdin.write(f"{a.what} {arg}\n")
+                w.stdin.flush()
+                got[k].append(float(w.stdout.readline()))
+    finally:
+        for w in workers.values():
+            assert w.stdin is not None
+            w.stdin.close()
+            w.wait()
+    unit = "MiB/s" if a.what == "capture" else "us"
+    for k, root in (("A", a.a), ("B", a.b)):
+        xs = got[k]
+        print(f"{k} {root}: median {statistics.median(xs):.0f} {unit}  "
+              f"[{', '.join(f'{x:.0f}' for x in xs)}]")
+    ratio = statistics.median(got["B"]) / statistics.median(got["A"])
+    print(f"B/A = {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
