@@ -57,6 +57,11 @@ class Cancel:
         """The fd that becomes readable once cancelled (for event loops)."""
         return self._r
 
+    def __reduce__(self) -> object:
+        # Its fds mean nothing in another process, and a copy's __del__ would
+        # close whatever holds those numbers there.
+        raise TypeError("a Cancel belongs to one process and cannot be pickled")
+
     def __del__(self) -> None:
         for fd in (getattr(self, "_r", -1), getattr(self, "_w", -1)):
             if fd >= 0:

@@ -135,6 +135,14 @@ def test_one_cancel_shared_by_many_runs() -> None:
     assert c.cancelled and run(["true"], cancel=c).cancelled
 
 
+def test_cancel_cannot_be_pickled() -> None:
+    """A Cancel refuses pickling: its fds would be wrong (and closed) in another process."""
+    import pickle
+
+    with pytest.raises(TypeError):
+        pickle.dumps(Cancel())
+
+
 # ---- the output cap --------------------------------------------------------------
 
 INTERLEAVE = textwrap.dedent("""
