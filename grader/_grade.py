@@ -662,7 +662,9 @@ def grade_claims(claims: Iterable[Claim], *, executor: Executor | None = None) -
     Args:
         claims: The claims, in the order they are reported.
         executor: Where to run ``grade_for``; ``None`` grades in the calling thread. Any
-            ``concurrent.futures.Executor`` works (the grades are the same).
+            ``concurrent.futures.Executor`` works (the grades are the same). It moves only
+            the cheap, pure ``grade_for``: to run the checks themselves on a pool or a Dask
+            cluster, use ``python -m grader --executor`` or ``grader._cli.verify_claims``.
 
     Returns:
         One grade per claim, in input order.
