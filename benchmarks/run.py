@@ -456,8 +456,8 @@ def _table(rows: list[Row]) -> str:
             met = "met" if r.met else "NOT MET"
         ratio = "-" if r.ratio is None else (f"{r.ratio:.2f}x" if r.id != "B1.py"
                                              else f"{r.ratio * 100:.0f}%")
-        lines.append([r.id, r.what, _fmt(r.ours, r.unit), _fmt(r.theirs, r.unit), ratio,
-                      r.target, met])
+        lines.append([r.id, r.what.replace("|", "\\|"), _fmt(r.ours, r.unit),
+                      _fmt(r.theirs, r.unit), ratio, r.target, met])
     widths = [max(len(head[i]), *(len(line[i]) for line in lines)) for i in range(len(head))]
     out = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
            "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
