@@ -25,9 +25,13 @@ from boundedproc import Cancel, Result, run
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 
 RSS_SLACK = 8 * 1024 * 1024
+# Under scripts/sanitize.sh, ASan holds freed memory in a quarantine of up to 256 MiB, so the
+# resident set grows whatever the core does; only the fd counts mean something there.
+UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 
 
 def fd_count() -> int:
+    gc.collect()  # a Cancel left from an earlier test closes its pipe only when collected
     return len(os.listdir("/proc/self/fd"))
 
 
@@ -118,7 +122,8 @@ def test_rss_and_fds_flat_over_10000_mixed_runs(tmp_path: Path) -> None:
         mix[i % len(mix)]()
     after = rss()
     assert fd_count() == fds
-    assert after - before < RSS_SLACK, f"RSS grew by {(after - before) / 2**20:.1f} MiB"
+    if not UNDER_ASAN:
+        assert after - before < RSS_SLACK, f"RSS grew by {(after - before) / 2**20:.1f} MiB"
 
 
 def test_e2big_runs_do_not_leak(tmp_path: Path) -> None:
@@ -131,7 +136,8 @@ def test_e2big_runs_do_not_leak(tmp_path: Path) -> None:
         r = run(["/bin/true", *big])
         assert "E2BIG" in (r.runner_error or "")
     assert fd_count() == fds
-    assert rss() - before < RSS_SLACK
+    if not UNDER_ASAN:
+        assert rss() - before < RSS_SLACK
 
 
 def test_fds_flat_across_escapes_and_uncontained_runs(tmp_path: Path,
@@ -189,7 +195,6 @@ def test_fds_flat_with_cancels_and_threads() -> None:
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads)
     assert errors == []
-    gc.collect()  # Cancel objects close their pipe when collected
     assert fd_count() == fds
 
 
