@@ -95,6 +95,8 @@ struct bp_spec {
     int64_t drain_grace_ns;       /* after the reap, read pipes at most this long */
     int exit_watch;               /* BP_WATCH_*: AUTO picks pidfd where the kernel has it */
     int contain;                  /* 1: start the command under the containment supervisor */
+    size_t out_page_offset;       /* where in a page the caller's output buffers will start;
+                                     a hint that lets bp_take_output move pages, not copy */
     int64_t rlimits_soft[5];      /* BP_NRLIMITS entries, < 0: unchanged */
     int64_t rlimits_hard[5];
 };

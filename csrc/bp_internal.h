@@ -28,6 +28,8 @@ struct bp_stream {
     size_t len;
     size_t cap;
     int mapped;             /* buf came from mmap (Linux), not malloc */
+    size_t lead;            /* mapped: buf - mapping start (the page offset asked for) */
+    size_t populated;       /* mapped: bytes from buf already faulted in */
 };
 
 /* Where the run is in its lifecycle. */

@@ -28,6 +28,12 @@
 #define READ_CHUNK ((size_t)1 << 16)
 #define MAP_THRESHOLD ((size_t)1 << 20)
 #define READS_PER_WAKE 32
+#define PREFAULT_WINDOW ((size_t)1 << 20)
+#ifndef MADV_POPULATE_WRITE
+#define BP_MADV_POPULATE_WRITE 23
+#else
+#define BP_MADV_POPULATE_WRITE MADV_POPULATE_WRITE
+#endif
 
 int64_t bp__now_ns(void)
 {
@@ -76,12 +82,18 @@ int bp_pidfd_supported(void)
 
 /* ---- output buffers ---------------------------------------------------- */
 
+static size_t page_size(void)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    return page > 0 ? (size_t)page : 4096;
+}
+
 static void stream_release(struct bp_stream *s)
 {
     if (s->buf != NULL) {
 #ifdef __linux__
         if (s->mapped)
-            munmap(s->buf, s->cap);
+            munmap(s->buf - s->lead, s->cap + s->lead);
         else
 #endif
             free(s->buf);
@@ -89,12 +101,14 @@ static void stream_release(struct bp_stream *s)
     s->buf = NULL;
     s->len = s->cap = 0;
     s->mapped = 0;
+    s->lead = 0;
+    s->populated = 0;
 }
 
 /* Make room for at least `need` bytes in total, never more than `limit`.
  * Large buffers are anonymous mappings grown with mremap: no copy on growth,
  * and only pages that were written count towards resident memory. */
-static int stream_reserve(struct bp_stream *s, size_t need, size_t limit)
+static int stream_reserve(struct bp_stream *s, size_t need, size_t limit, size_t lead)
 {
     if (need <= s->cap)
         return 0;
@@ -107,23 +121,27 @@ static int stream_reserve(struct bp_stream *s, size_t need, size_t limit)
         ncap = need;
 #ifdef __linux__
     if (ncap >= MAP_THRESHOLD) {
-        long page = sysconf(_SC_PAGESIZE);
-        size_t pg = page > 0 ? (size_t)page : 4096;
-        ncap = (ncap + pg - 1) / pg * pg;
-        void *p;
+        size_t pg = page_size();
+        /* The kept bytes start `lead` bytes into the mapping, at the page
+         * offset the caller's destination will have, so that bp_take_output
+         * can hand whole pages over with mremap instead of copying them. */
+        if (!s->mapped)
+            s->lead = lead % pg;
+        size_t maplen = (s->lead + ncap + pg - 1) / pg * pg;
+        unsigned char *p;
         if (s->mapped) {
-            p = mremap(s->buf, s->cap, ncap, MREMAP_MAYMOVE);
+            p = mremap(s->buf - s->lead, s->cap + s->lead, maplen, MREMAP_MAYMOVE);
         } else {
-            p = mmap(NULL, ncap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            p = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
             if (p != MAP_FAILED && s->len > 0)
-                memcpy(p, s->buf, s->len);
+                memcpy(p + s->lead, s->buf, s->len);
             if (p != MAP_FAILED)
                 free(s->buf);
         }
         if (p == MAP_FAILED)
             return -1;
-        s->buf = p;
-        s->cap = ncap;
+        s->buf = p + s->lead;
+        s->cap = maplen - s->lead;
         s->mapped = 1;
         return 0;
     }
@@ -210,7 +228,7 @@ static int read_stream(struct bp_run *run, struct bp_stream *s)
         if (room > 0) {
             size_t need = s->len + (room < READ_CHUNK ? room : READ_CHUNK);
             size_t limit = room > SIZE_MAX - s->len ? SIZE_MAX : s->len + room;
-            if (stream_reserve(s, need, limit) < 0) {
+            if (stream_reserve(s, need, limit, spec->out_page_offset) < 0) {
                 res->err_stage = BP_STAGE_ALLOC;
                 res->err_errno = ENOMEM;
                 errno = ENOMEM;
@@ -224,6 +242,27 @@ static int read_stream(struct bp_run *run, struct bp_stream *s)
             dst = scratch;
             want = sizeof scratch;
         }
+#if defined(__linux__)
+        /* Fault the next pages in before read(), not inside it: a read that
+         * faults does so holding the pipe's lock, and the writer spins on
+         * that lock instead of refilling the pipe meanwhile.  At most one
+         * window is faulted ahead of what is kept, so RSS tracks the output. */
+        if (room > 0 && s->mapped) {
+            if (want > PREFAULT_WINDOW)
+                want = PREFAULT_WINDOW;
+            if (s->len + want > s->populated && s->populated < s->cap) {
+                size_t pg = page_size();
+                size_t from = s->populated > s->len ? s->populated : s->len;
+                size_t span = s->cap - from < PREFAULT_WINDOW ? s->cap - from : PREFAULT_WINDOW;
+                uintptr_t lo = ((uintptr_t)(s->buf + from)) & ~(uintptr_t)(pg - 1);
+                uintptr_t hi = (uintptr_t)(s->buf + from + span);
+                if (madvise((void *)lo, (size_t)(hi - lo), BP_MADV_POPULATE_WRITE) == 0)
+                    s->populated = from + span;
+                else
+                    s->populated = s->cap;  /* unsupported (before 5.14): let read fault */
+            }
+        }
+#endif
         ssize_t n = read(s->fd, dst, want);
         if (n < 0) {
             if (errno == EINTR)
@@ -586,6 +625,41 @@ int bp_take_output(struct bp_run *run, int stream, unsigned char *dest, size_t l
         errno = EINVAL;
         return -1;
     }
+#ifdef __linux__
+    /* Zero-copy handoff: when the destination sits at the same page offset
+     * as the kept bytes, copy the partial first and last pages and move the
+     * whole pages in between into place with mremap.  Only pages that lie
+     * entirely inside [dest, dest + len) are replaced, so memory around the
+     * destination is never touched.  Any refusal falls back to copying. */
+    size_t pg = page_size();
+    if (s->mapped && len >= MAP_THRESHOLD
+        && ((uintptr_t)dest & (pg - 1)) == ((uintptr_t)s->buf & (pg - 1))) {
+        uintptr_t d0 = (uintptr_t)dest, d1 = d0 + len;
+        uintptr_t a = (d0 + pg - 1) & ~(uintptr_t)(pg - 1);
+        uintptr_t b = d1 & ~(uintptr_t)(pg - 1);
+        if (b > a) {
+            size_t head = a - d0, mid = b - a;
+            void *r = mremap(s->buf + head, mid, mid, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)a);
+            if (r != MAP_FAILED) {
+                memcpy(dest, s->buf, head);
+                memcpy((void *)b, s->buf + head + mid, d1 - b);
+                /* Unmap what is left of ours, never the hole mremap made
+                 * (another mapping may already live there). */
+                unsigned char *base = s->buf - s->lead;
+                size_t maplen = s->cap + s->lead;
+                unsigned char *hole = s->buf + head;
+                munmap(base, (size_t)(hole - base));
+                if (hole + mid < base + maplen)
+                    munmap(hole + mid, (size_t)(base + maplen - (hole + mid)));
+                s->buf = NULL;
+                s->len = s->cap = 0;
+                s->mapped = 0;
+                s->lead = 0;
+                return 0;
+            }
+        }
+    }
+#endif
     size_t step = (size_t)1 << 22;
     for (size_t off = 0; off < len; off += step) {
         size_t n = len - off < step ? len - off : step;
