@@ -324,6 +324,15 @@ def setsid_escapee_contained(w: Watch, tmp: Path) -> Result:
     return r
 
 
+def job_control_background(w: Watch, tmp: Path) -> Result:
+    """Default containment: a `set -m` job in a process group of its own, pipes closed, dies."""
+    r = run(["bash", "-c", "set -m; sleep 60 >/dev/null 2>&1 & echo $!; echo $((6*7))"],
+            timeout=20, drain_grace=0.5)
+    w.add(r, r.stdout.split(b"\n")[0])  # the job's pid, not the 42
+    assert r.ok and not r.escaped and r.stdout.endswith(b"\n42\n")
+    return r
+
+
 def missing_bash(w: Watch, tmp: Path) -> Result:
     """A shell that does not exist: `spawn failed: ENOENT` naming it, 127."""
     r = run("echo $((6*7))", shell="bp-no-such-bash", timeout=10)
@@ -397,6 +406,7 @@ CATALOG = [
     Entry(fork_bomb_uncontained, "bomb-started", Reason.DEADLINE),
     Entry(setsid_escapee_uncontained, "parent-done", Reason.ESCAPED),
     Entry(setsid_escapee_contained, "parent-done", None, (needs_contain,)),
+    Entry(job_control_background, "42", None, (needs_contain,)),
     Entry(missing_bash, "42", Reason.RUNNER_FAILURE),
     Entry(bash_not_on_path, "42", Reason.RUNNER_FAILURE),
     Entry(cwd_is_a_file, "42", Reason.RUNNER_FAILURE),
