@@ -12,7 +12,9 @@
  *       BP_MSG_SPAWNED        the leader exec'd; pid is its pid
  *       BP_MSG_SPAWN_FAILED   stage/err say why (BP_STAGE_*, errno)
  *       BP_MSG_EXITED         the leader exited (still unreaped)
- *       BP_MSG_FINAL          status/rusage of the leader, unkilled count
+ *       BP_MSG_FINAL          status/rusage of the leader, unkilled count; also
+ *                             sent unasked, in place of EXITED, when the leader
+ *                             exited and left nothing behind
  *
  * The supervisor is a child subreaper: whatever the leader's descendants
  * orphan (setsid, double fork, daemonising) is reparented to it, so it can

@@ -417,15 +417,21 @@ BP_RAW_FN long signal_round(int self, int leader, int leader_reaped, int sig)
     return n;
 }
 
-/* Kill everything, reap the leader, send the final report. */
-BP_RAW_FN int finish(const struct bp_contain_ctx *c, int self, int leader)
+/* Kill everything, reap the leader, send the final report.  `alone`: the
+ * leader has exited and we have no other child, so the run's whole tree is
+ * gone (every live descendant would be our child or have a live parent that
+ * is) and cannot grow again: no rounds after the reap are needed. */
+BP_RAW_FN int finish(const struct bp_contain_ctx *c, int self, int leader, int alone)
 {
     struct bp_sup_msg m;
     r_zero(&m, sizeof m);
     m.type = BP_MSG_FINAL;
     m.pid = leader;
 
-    (void)signal_round(self, leader, 0, SIGKILL);
+    if (alone)
+        (void)bp_sys2(SYS_kill, -leader, SIGKILL);  /* an empty group: harmless, and the rule */
+    else
+        (void)signal_round(self, leader, 0, SIGKILL);
     int status = 0;
     struct rusage ru;
     r_zero(&ru, sizeof ru);
@@ -440,7 +446,7 @@ BP_RAW_FN int finish(const struct bp_contain_ctx *c, int self, int leader)
      * left or the budget is spent. */
     int64_t until = r_now_ns() + KILL_BUDGET_NS;
     long left = 0;
-    for (int round = 0;; round++) {
+    for (int round = 0; !alone; round++) {
         left = signal_round(self, leader, 1, SIGKILL);
         while (bp_sys4(SYS_wait4, -1, 0, WNOHANG, 0) > 0)
             ;
@@ -522,7 +528,7 @@ BP_RAW_FN int supervisor_main(void *arg)
         if (rc == -EINTR)
             continue;
         if (rc < 0)
-            return finish(c, self, (int)leader);
+            return finish(c, self, (int)leader, 0);
         if (fds[1].revents) {
             struct signalfd_siginfo si;
             while (bp_sys3(SYS_read, sfd, &si, sizeof si) > 0)
@@ -533,6 +539,11 @@ BP_RAW_FN int supervisor_main(void *arg)
                 if (bp_sys5(SYS_waitid, P_PID, leader, &info, WEXITED | WNOHANG | WNOWAIT, 0) == 0
                     && info.si_pid == leader) {
                     exited = 1;
+                    int kid[1];
+                    /* Nothing else left: finish now and save the core a
+                     * round trip (it takes FINAL as the exit report). */
+                    if (list_children(self, (int)leader, kid, 1) == 0)
+                        return finish(c, self, (int)leader, 1);
                     send_msg(c->st, BP_MSG_EXITED, (int)leader, 0, 0);
                 }
             }
@@ -543,7 +554,7 @@ BP_RAW_FN int supervisor_main(void *arg)
             if (rc == -EINTR || rc == -EAGAIN)
                 continue;
             if (rc <= 0 || ch == 'K')
-                return finish(c, self, (int)leader);
+                return finish(c, self, (int)leader, 0);
             if (ch == 'T')
                 (void)signal_round(self, (int)leader, 0, SIGTERM);
         }

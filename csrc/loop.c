@@ -394,11 +394,11 @@ static void note_exit_event(struct bp_run *run)
     } while (n < 0 && errno == EINTR);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         return;
-    if (n == (ssize_t)sizeof m && m.type != BP_MSG_EXITED)
-        return;  /* FINAL: left for the reap to read */
-    if (n == (ssize_t)sizeof m)
+    if (n == (ssize_t)sizeof m && m.type == BP_MSG_EXITED)
         (void)recv(run->exit_fd, &m, sizeof m, 0);
-    run->leader_exited = 1;  /* EXITED, or EOF: the supervisor is gone */
+    /* EXITED; FINAL (the supervisor finished on its own once the leader
+     * was alone: left unread for the reap); or EOF: the supervisor is gone. */
+    run->leader_exited = 1;
 }
 
 /* ---- public entry points ------------------------------------------------ */
