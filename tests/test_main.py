@@ -1,0 +1,91 @@
+"""`python -m boundedproc`: the group-safe timeout(1) of SPEC section 4."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from boundedproc.__main__ import main, parse_size
+from conftest import pids_in, wait_dead
+
+PY = sys.executable
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([PY, "-m", "boundedproc", *args], capture_output=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("1048576", 1048576), ("512K", 512 * 1024), ("16M", 16 << 20), ("2G", 2 << 30),
+    ("1k", 1024), ("3MiB", 3 << 20),
+])
+def test_parse_size(text: str, expected: int) -> None:
+    """SIZE is bytes or a number with K, M or G in powers of 1024."""
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "abc", "-1", "1T", "1.5.2M"])
+def test_parse_size_rejects(text: str) -> None:
+    """Anything else is a usage error."""
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_size(text)
+
+
+def test_exit_code_and_output_pass_through() -> None:
+    """The command's stdout, stderr and exit status pass through."""
+    p = cli("--", "sh", "-c", "echo out; echo err >&2; exit 7")
+    assert p.returncode == 7 and p.stdout == b"out\n" and b"err\n" in p.stderr
+
+
+def test_deadline_is_124_and_kills_the_group() -> None:
+    """--timeout ends the run with 124 and no background process survives."""
+    p = cli("--timeout", "0.3", "--", "bash", "-c", "echo $$; sleep 60 & echo $!; wait")
+    assert p.returncode == 124
+    assert wait_dead(pids_in(p.stdout)) == []
+    assert b"timed out" in p.stderr
+
+
+def test_json_has_every_field() -> None:
+    """--json prints the Result as one JSON object with every field."""
+    p = cli("--json", "--", "sh", "-c", "printf 'a\\377'; exit 3")
+    data = json.loads(p.stdout)
+    assert p.returncode == 3 and data["exit_code"] == 3
+    assert data["stdout"] == "a\ufffd" and data["args"] == ["sh", "-c", "printf 'a\\377'; exit 3"]
+    for field in ("timed_out", "cancelled", "output_truncated", "escaped", "spawned",
+                  "stdin_delivered", "runner_error", "term_signal", "pid", "duration",
+                  "output_bytes", "user_time", "system_time", "max_rss", "ok"):
+        assert field in data
+
+
+def test_shell_joins_words() -> None:
+    """With --shell the words after -- are joined into one command for SH -c."""
+    p = cli("--json", "--shell", "bash", "--", "echo", "$((6*7))")
+    data = json.loads(p.stdout)
+    assert data["args"] == ["bash", "-c", "echo $((6*7))"] and data["stdout"] == "42\n"
+
+
+def test_max_output_and_kill() -> None:
+    """--max-output with --on-overflow kill ends `yes` at the cap with 137."""
+    p = cli("--max-output", "64K", "--on-overflow", "kill", "--", "yes")
+    assert p.returncode == 137 and len(p.stdout) == 64 * 1024
+    assert b"truncated" in p.stderr
+
+
+def test_missing_program_is_127() -> None:
+    """A program that cannot be started exits 127 with the runner's error on stderr."""
+    p = cli("--", "/no/such/prog")
+    assert p.returncode == 127 and b"spawn failed: ENOENT" in p.stderr
+
+
+def test_usage_errors() -> None:
+    """No command, or a bad option value, is a usage error (exit 2)."""
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+    with pytest.raises(SystemExit) as info:
+        main(["--timeout", "-1", "--", "true"])
+    assert info.value.code == 2
