@@ -119,6 +119,21 @@ CONTAIN_SUPPORTED: bool = bool(lib.bp_contain_supported())
 """Whether contained runs are available (x86_64/aarch64 Linux with a subreaper)."""
 
 
+def containment_refused(out: NativeOutcome) -> bool:
+    """Whether a contained run failed because this system refuses containment.
+
+    True when nothing was spawned and the failure is the supervisor's own
+    (its clone refused with EINVAL/ENOSYS/EPERM, or its signalfd or prctl
+    failing), never for a failure of the command (ENOENT, EAGAIN, ...).
+    """
+    if out.spawned:
+        return False
+    if out.err_stage in (lib.BP_STAGE_SUPERVISOR, lib.BP_STAGE_PRCTL):
+        return True
+    return out.err_stage == lib.BP_STAGE_FORK and out.err_errno in (
+        _errno.EINVAL, _errno.ENOSYS, _errno.EPERM)
+
+
 def pidfd_supported() -> bool:
     """Whether this kernel gives pidfds (Linux 5.3 and later)."""
     return bool(lib.bp_pidfd_supported())

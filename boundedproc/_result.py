@@ -36,7 +36,10 @@ class Result:
         output_bytes: Bytes read from both streams, kept and discarded.
         user_time: The leader's user CPU seconds (``wait4``).
         system_time: The leader's system CPU seconds (``wait4``).
-        max_rss: The leader's peak resident set, in bytes (``wait4``).
+        max_rss: The leader's peak resident set, in bytes, as ``wait4`` reports
+            it.  On Linux it is at least the caller's resident size at spawn
+            time: the child runs in the caller's address space until its exec
+            (vfork/clone), and the kernel carries that high-water mark over.
     """
 
     args: tuple[str, ...]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import math
 import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal, TypeVar, Union
 
 from boundedproc import _native
 from boundedproc._result import Result
@@ -20,6 +21,9 @@ DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
 
 StrOrBytesPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 Command = Union[str, Sequence[StrOrBytesPath]]  # noqa: UP007 - string forward refs inside
+
+
+_C = TypeVar("_C", bound="Cancel")
 
 
 class Cancel:
@@ -57,18 +61,34 @@ class Cancel:
         """The fd that becomes readable once cancelled (for event loops)."""
         return self._r
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> str | tuple[object, ...]:
         # Its fds mean nothing in another process, and a copy's __del__ would
         # close whatever holds those numbers there.
         raise TypeError("a Cancel belongs to one process and cannot be pickled")
 
-    def __del__(self) -> None:
-        for fd in (getattr(self, "_r", -1), getattr(self, "_w", -1)):
+    def close(self) -> None:
+        """Release the switch's two fds now (else when it is garbage-collected).
+
+        Runs watching it must be over; a closed switch must not be passed to
+        a run again.
+        """
+        for name in ("_r", "_w"):
+            fd = getattr(self, name, -1)
             if fd >= 0:
+                setattr(self, name, -1)
                 try:
                     os.close(fd)
                 except OSError:
                     pass
+
+    def __enter__(self: _C) -> _C:  # noqa: PYI019 - typing.Self needs 3.11
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"Cancel(cancelled={self._set})"
@@ -342,6 +362,8 @@ def run(
         env_items.append((kb, vb))
     if cancel is not None and not isinstance(cancel, Cancel):
         raise TypeError(f"cancel must be a boundedproc.Cancel, not {type(cancel).__name__}")
+    if cancel is not None and cancel.fileno() < 0:
+        raise ValueError("cancel was closed")
     if limits is not None and not isinstance(limits, Limits):
         raise TypeError(f"limits must be a boundedproc.Limits, not {type(limits).__name__}")
     if contain is not None and not isinstance(contain, bool):
@@ -405,6 +427,12 @@ def run(
         contain=contained,
     )
     out = _native.execute(spec)
+    if contain is None and contained and _native.containment_refused(out):
+        # A sandbox that refuses the supervisor's clone, signalfd or prctl
+        # (seccomp, gVisor): containment was only "where supported", so run
+        # uncontained, now and from here on, rather than fail every run.
+        _native.CONTAIN_SUPPORTED = False
+        out = _native.execute(dataclasses.replace(spec, contain=False))
     return _to_result(out, raw_args, cwd_b, len(payload), text, started)
 
 

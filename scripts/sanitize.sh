@@ -5,7 +5,7 @@
 #   scripts/sanitize.sh tests/test_run.py -k deadline   # any pytest arguments
 #
 # The working tree (tracked and untracked, not ignored) is copied to a scratch directory, the
-# extension and the supervisor are built there with -fsanitize=address,undefined, and pytest
+# extension is built there with -fsanitize=address,undefined, and pytest
 # runs from that copy with the ASan runtime preloaded (CPython is not instrumented, so the
 # runtime must come first in the library list). Leak detection is off: CPython leaks by design
 # at exit; scripts/valgrind.sh checks the core for leaks. Any ASan report or UBSan finding
@@ -55,7 +55,7 @@ start=$(date +%s)
 
 # Both halves must really be instrumented, or the run below proves nothing.
 ext="$(ls "$scratch"/boundedproc/_bp*.so)"
-for bin in "$ext" "$scratch/boundedproc/_bp_supervisor"; do
+for bin in "$ext"; do
     if [ -e "$bin" ] && ! nm -D "$bin" 2>/dev/null | grep '__asan_' >/dev/null; then
         echo "sanitize.sh: $bin is not built with ASan" >&2
         exit 1

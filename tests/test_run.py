@@ -135,6 +135,16 @@ def test_one_cancel_shared_by_many_runs() -> None:
     assert c.cancelled and run(["true"], cancel=c).cancelled
 
 
+def test_cancel_close_releases_fds() -> None:
+    """Cancel.close() (or a with block) releases its fds; a closed switch is refused."""
+    before = len(os.listdir("/proc/self/fd"))
+    with Cancel() as c:
+        assert len(os.listdir("/proc/self/fd")) == before + 2
+    assert len(os.listdir("/proc/self/fd")) == before
+    with pytest.raises(ValueError):
+        run(["true"], cancel=c)
+
+
 def test_cancel_cannot_be_pickled() -> None:
     """A Cancel refuses pickling: its fds would be wrong (and closed) in another process."""
     import pickle
@@ -570,6 +580,9 @@ def test_thread_exit_watch_fallback() -> None:
 
 
 def _fd_count() -> int:
+    import gc
+
+    gc.collect()  # a dropped Cancel releases its fds when collected
     return len(os.listdir("/proc/self/fd"))
 
 
