@@ -17,6 +17,11 @@
 
 #include "boundedproc.h"
 
+#include <sys/socket.h>
+#ifndef MSG_NOSIGNAL
+#define MSG_NOSIGNAL 0  /* only contained runs (Linux) send on a socket */
+#endif
+
 #ifndef BP_VERSION
 #define BP_VERSION "unknown"
 #endif

@@ -26,7 +26,13 @@
 #include <sys/syscall.h>
 #endif
 
+#ifdef __APPLE__
+/* A shared library cannot link against `environ` on macOS. */
+#include <crt_externs.h>
+#define environ (*_NSGetEnviron())
+#else
 extern char **environ;
+#endif
 
 
 /* What the child reports over the error pipe when it cannot exec. */
