@@ -64,6 +64,24 @@ static int move_above_stdio(int fd)
     return nfd;
 }
 
+/* Move both ends of a new pair above stdio; on failure close both. */
+static int lift_pair(int p[2])
+{
+    p[0] = move_above_stdio(p[0]);
+    p[1] = move_above_stdio(p[1]);
+    if (p[0] < 0 || p[1] < 0) {
+        int saved = errno;
+        if (p[0] >= 0)
+            close(p[0]);
+        if (p[1] >= 0)
+            close(p[1]);
+        p[0] = p[1] = -1;
+        errno = saved;
+        return -1;
+    }
+    return 0;
+}
+
 static int make_pipe(int p[2])
 {
 #ifdef __linux__
@@ -80,19 +98,7 @@ static int make_pipe(int p[2])
         return -1;
     }
 #endif
-    p[0] = move_above_stdio(p[0]);
-    p[1] = move_above_stdio(p[1]);
-    if (p[0] < 0 || p[1] < 0) {
-        int saved = errno;
-        if (p[0] >= 0)
-            close(p[0]);
-        if (p[1] >= 0)
-            close(p[1]);
-        p[0] = p[1] = -1;
-        errno = saved;
-        return -1;
-    }
-    return 0;
+    return lift_pair(p);
 }
 
 /* A close-on-exec socket pair, both ends above stdio. */
@@ -107,19 +113,7 @@ static int make_socketpair(int p[2])
     (void)fcntl(p[0], F_SETFD, FD_CLOEXEC);
     (void)fcntl(p[1], F_SETFD, FD_CLOEXEC);
 #endif
-    p[0] = move_above_stdio(p[0]);
-    p[1] = move_above_stdio(p[1]);
-    if (p[0] < 0 || p[1] < 0) {
-        int saved = errno;
-        if (p[0] >= 0)
-            close(p[0]);
-        if (p[1] >= 0)
-            close(p[1]);
-        p[0] = p[1] = -1;
-        errno = saved;
-        return -1;
-    }
-    return 0;
+    return lift_pair(p);
 }
 
 static int set_nonblock(int fd)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import signal
 import sys
 import time
 import types
@@ -15,6 +14,7 @@ from typing import Any
 
 import psutil
 import pytest
+from conftest import wait_dead
 
 from boundedproc import CANCEL_EXIT_CODE, Cancel, Result
 from boundedproc._scale import run_async, run_many
@@ -22,26 +22,7 @@ from boundedproc._scale import run_async, run_many
 PY = sys.executable
 
 
-# ---- helpers (local, so this file stands alone) -------------------------------------
-
-def alive(pid: int) -> bool:
-    """True while pid is a running (non-zombie) process."""
-    try:
-        status = psutil.Process(pid).status()
-        return status not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-    except psutil.NoSuchProcess:
-        return False
-
-
-def wait_dead(pids: list[int], within: float = 5.0) -> list[int]:
-    """Poll until every pid is dead or `within` seconds pass; return the survivors."""
-    deadline = time.monotonic() + within
-    while True:
-        survivors = [p for p in pids if alive(p)]
-        if not survivors or time.monotonic() > deadline:
-            return survivors
-        time.sleep(0.02)
-
+# ---- helpers ---------------------------------------------------------------------
 
 def is_unreaped_child(pid: int) -> bool:
     """True when pid is still a child of this process (alive or a zombie not yet reaped)."""
@@ -67,19 +48,6 @@ async def wait_for_file(path: Path, within: float = 10.0) -> None:
     while not (path.exists() and path.read_text().strip()):
         assert time.monotonic() < deadline, f"{path} never appeared"
         await asyncio.sleep(0.02)
-
-
-@pytest.fixture
-def reaper() -> Iterator[list[int]]:
-    """A list a test appends pids to; whatever is still alive is SIGKILLed after it."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        if alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def intervals_max_overlap(intervals: list[tuple[float, float]]) -> int:
