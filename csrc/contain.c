@@ -474,6 +474,11 @@ BP_RAW_FN int supervisor_main(void *arg)
         send_msg(c->st, BP_MSG_SPAWN_FAILED, 0, BP_STAGE_SUPERVISOR, (int)-sfd);
         return 1;
     }
+    /* Our fd table is a copy of the caller's: drop everything but what this
+     * run needs at once, so that no other run's pipe end (another thread's
+     * stdin, say) is held open here while the leader starts. */
+    int early[9] = {0, 1, 2, c->in_r, c->out_w, c->err_w, c->ctl, c->st, (int)sfd};
+    r_close_except(early, 9);
     if ((rc = bp_sys5(SYS_prctl, PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) < 0) {
         send_msg(c->st, BP_MSG_SPAWN_FAILED, 0, BP_STAGE_PRCTL, (int)-rc);
         return 1;
@@ -482,6 +487,18 @@ BP_RAW_FN int supervisor_main(void *arg)
     if ((rc = bp_sys2(SYS_pipe2, lep, O_CLOEXEC)) < 0) {
         send_msg(c->st, BP_MSG_SPAWN_FAILED, 0, BP_STAGE_PIPE, (int)-rc);
         return 1;
+    }
+    /* Above stdio, or the leader's dup3 onto 0..2 would replace them. */
+    for (int i = 0; i < 2; i++) {
+        if (lep[i] <= 2) {
+            long moved = bp_sys3(SYS_fcntl, lep[i], F_DUPFD_CLOEXEC, 3);
+            r_close(lep[i]);
+            if (moved < 0) {
+                send_msg(c->st, BP_MSG_SPAWN_FAILED, 0, BP_STAGE_PIPE, (int)-moved);
+                return 1;
+            }
+            lep[i] = (int)moved;
+        }
     }
     c->lep_r = lep[0];
     c->lep_w = lep[1];

@@ -598,3 +598,34 @@ def test_no_fd_leak_over_10000_runs() -> None:
         else:
             run(["/bin/true"])
     assert _fd_count() == before
+
+
+CLOSED_STDIO = textwrap.dedent("""
+    import json, os, sys, threading
+    out = open(sys.argv[1], "w")
+    os.close(0); os.close(1); os.close(2)
+    from boundedproc import run
+    rows = []
+    def work():  # not the main thread: no wakeup pipe takes the low fds
+        for contain in (None, False):
+            ok = run(["sh", "-c", "cat; echo out; echo err >&2"], stdin=b"in ", contain=contain)
+            bad = run(["/no/such/prog"], contain=contain)
+            rows.append([ok.stdout.decode(), ok.stderr.decode(), bad.spawned, bad.runner_error])
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    out.write(json.dumps(rows))
+""")
+
+
+def test_caller_with_closed_stdio(tmp_path: Path) -> None:
+    """A caller whose fds 0-2 are closed still gets correct pipes and spawn errors."""
+    import json
+
+    report = tmp_path / "report.json"
+    subprocess.run([PY, "-c", CLOSED_STDIO, str(report)], timeout=60, check=True)
+    rows = json.loads(report.read_text())
+    assert len(rows) == 2
+    for stdout, stderr, spawned, error in rows:
+        assert stdout == "in out\n" and stderr == "err\n"
+        assert spawned is False and "ENOENT" in error
