@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import psutil
 import pytest
@@ -49,6 +49,21 @@ def pids_in(text: str | bytes) -> list[int]:
     if isinstance(text, bytes):
         text = text.decode()
     return [int(line) for line in text.split() if line.strip().isdigit()]
+
+
+# A shell starts background jobs with SIGINT ignored, and an ignored signal stays
+# ignored across exec, so Python would install no SIGINT handler at all. Children
+# that a test sends SIGINT to restore Python's handler first with this prelude,
+# so the tests pin the product's behaviour however the test run was started.
+SIGINT_PRELUDE = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
+def python_module_argv(module: str, *args: str) -> list[str]:
+    """argv running `python -m module args` with Python's SIGINT handler restored."""
+    import sys
+
+    code = SIGINT_PRELUDE + f"import runpy; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    return [sys.executable, "-c", code, *args]
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
+from conftest import python_module_argv
 
 import boundedproc
 import grader
@@ -675,7 +676,7 @@ def test_interrupt_kills_running_checks(tmp_path: Path, leftovers: list[int]) ->
     check = 'echo $$ >> pids.txt; sleep 60 & echo $! >> pids.txt; wait; echo "n=$((1 + 1))"'
     path = write_claims(tmp_path, claim("slow", check=check, expect="n=2"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "grader", str(path), "--timeout", "120"],
+        python_module_argv("grader", str(path), "--timeout", "120"),
         env=subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

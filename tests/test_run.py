@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import stat
 import subprocess
 import sys
 import textwrap
@@ -14,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import SIGINT_PRELUDE, alive, group_members, pids_in, wait_dead
 
 import boundedproc
 from boundedproc import Cancel, ProcessFailed, Result, run
-from conftest import alive, group_members, pids_in, wait_dead
 
 PY = sys.executable
 BG = "echo $$; sleep 60 & echo $!; wait"
@@ -41,7 +40,8 @@ def test_subprocess_control_leaves_descendant_alive(tmp_path: Path, reaper: list
     pidfile = tmp_path / "pids"
     with pytest.raises(subprocess.TimeoutExpired):
         subprocess.run(["bash", "-c", f"echo $! > {pidfile}; sleep 60 & echo $! > {pidfile}; wait"],
-                       timeout=0.5, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       check=False, timeout=0.5, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
     bg = int(pidfile.read_text())
     reaper.append(bg)
     assert alive(bg)
@@ -546,7 +546,8 @@ CTRL_C = textwrap.dedent("""
 def test_ctrl_c_kills_the_group_and_reraises(tmp_path: Path, reaper: list[int]) -> None:
     """SIGINT during run() kills the group, reaps it and raises KeyboardInterrupt promptly."""
     f = tmp_path / "pids"
-    child = subprocess.Popen([PY, "-c", CTRL_C.format(f=f)], stderr=subprocess.PIPE)
+    child = subprocess.Popen([PY, "-c", SIGINT_PRELUDE + CTRL_C.format(f=f)],
+                             stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 20
         while not f.exists() and time.monotonic() < deadline:
