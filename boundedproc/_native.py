@@ -63,7 +63,6 @@ lib = _bp.lib
 DEADLINE_EXIT_CODE: int = lib.BP_DEADLINE_EXIT_CODE
 CANCEL_EXIT_CODE: int = lib.BP_CANCEL_EXIT_CODE
 SPAWN_FAILURE_EXIT_CODE: int = lib.BP_SPAWN_FAILURE_EXIT_CODE
-CANNOT_EXECUTE_EXIT_CODE: int = lib.BP_CANNOT_EXECUTE_EXIT_CODE
 
 RLIMIT_CPU: int = lib.BP_RLIMIT_CPU
 RLIMIT_AS: int = lib.BP_RLIMIT_AS
@@ -73,14 +72,8 @@ RLIMIT_NOFILE: int = lib.BP_RLIMIT_NOFILE
 NRLIMITS: int = lib.BP_NRLIMITS
 
 WATCH_AUTO: int = lib.BP_WATCH_AUTO
-WATCH_PIDFD: int = lib.BP_WATCH_PIDFD
 WATCH_THREAD: int = lib.BP_WATCH_THREAD
-WATCH_SUPERVISOR: int = lib.BP_WATCH_SUPERVISOR
 
-END_EXIT: int = lib.BP_END_EXIT
-END_DEADLINE: int = lib.BP_END_DEADLINE
-END_CANCEL: int = lib.BP_END_CANCEL
-END_OVERFLOW: int = lib.BP_END_OVERFLOW
 
 _STAGES = {
     lib.BP_STAGE_PIPE: "pipe",
@@ -134,11 +127,6 @@ def containment_refused(out: NativeOutcome) -> bool:
         _errno.EINVAL, _errno.ENOSYS, _errno.EPERM)
 
 
-def pidfd_supported() -> bool:
-    """Whether this kernel gives pidfds (Linux 5.3 and later)."""
-    return bool(lib.bp_pidfd_supported())
-
-
 def stage_name(stage: int) -> str:
     """The syscall a ``BP_STAGE_*`` value names."""
     return _STAGES.get(stage, f"stage {stage}")
@@ -190,7 +178,6 @@ class NativeOutcome:
     pid: int
     exit_code: int
     term_signal: int
-    end_reason: int
     timed_out: bool
     cancelled: bool
     output_truncated: bool
@@ -395,7 +382,6 @@ def execute(spec: NativeSpec) -> NativeOutcome:
         pid=res.pid,
         exit_code=res.exit_code,
         term_signal=res.term_signal,
-        end_reason=res.end_reason,
         timed_out=bool(res.timed_out),
         cancelled=bool(res.cancelled),
         output_truncated=bool(res.output_truncated),

@@ -128,11 +128,10 @@ struct bp_result {
 struct bp_run;
 
 const char *bp_version(void);
-int bp_pidfd_supported(void);
 int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_run **out);
 int bp_wait(struct bp_run *run);
 void bp_abort(struct bp_run *run);
 int bp_take_output(struct bp_run *run, int stream, unsigned char *dest, size_t len);
 void bp_free(struct bp_run *run);
-int bp_group_alive(int pgid, int leader);
+int bp_group_alive(int pgid);
 int bp_contain_supported(void);

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 
 from cffi import FFI
 
@@ -45,10 +44,9 @@ ffibuilder.set_source(
     '#include "bp_internal.h"\n',
     sources=[os.path.join("csrc", name) for name in SOURCES],
     include_dirs=[HERE],
-    define_macros=[("BP_VERSION", '"%s"' % _version()), ("_GNU_SOURCE", "1")],
+    define_macros=[("BP_VERSION", f'"{_version()}"'), ("_GNU_SOURCE", "1")],
     extra_compile_args=_cflags(),
     extra_link_args=["-pthread"] + (os.environ.get("BOUNDEDPROC_LDFLAGS", "").split()),
-    libraries=[] if sys.platform == "darwin" else [],
 )
 
 if __name__ == "__main__":

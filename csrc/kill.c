@@ -230,9 +230,8 @@ static int live_member(const char *name, int pgid)
  * pgid, 0 if none is.  Where this cannot be known (no /proc), returns 1 when
  * kill(-pgid, 0) succeeds.  Never signals anything.  errno is preserved.
  */
-int bp_group_alive(int pgid, int leader)
+int bp_group_alive(int pgid)
 {
-    (void)leader;
     int saved = errno;
     int alive = 0;
 #ifdef __linux__

@@ -64,22 +64,6 @@ static int pidfd_open_(pid_t pid)
 }
 #endif
 
-/* bp_pidfd_supported: 1 when this kernel gives pidfds, else 0. */
-int bp_pidfd_supported(void)
-{
-#if defined(__linux__) && defined(SYS_pidfd_open)
-    int saved = errno;
-    int fd = pidfd_open_(getpid());
-    if (fd >= 0) {
-        close(fd);
-        errno = saved;
-        return 1;
-    }
-    errno = saved;
-#endif
-    return 0;
-}
-
 /* ---- output buffers ---------------------------------------------------- */
 
 static size_t page_size(void)
@@ -501,7 +485,7 @@ int bp_wait(struct bp_run *run)
         } else if (run->phase == BP_PHASE_GRACE) {
             int empty = 0;
             if (run->leader_exited && now >= run->next_group_check_ns) {
-                empty = !bp_group_alive((int)run->pid, (int)run->pid);
+                empty = !bp_group_alive((int)run->pid);
                 run->next_group_check_ns = now + run->group_check_step_ns;
                 if (run->group_check_step_ns < 50000000)
                     run->group_check_step_ns *= 2;
