@@ -15,10 +15,8 @@
 # KEEP=1 keeps the scratch directory.
 set -euo pipefail
 
-here="$(cd "$(dirname "$0")/.." && pwd)"
-python="${PYTHON:-python3}"
-# The interpreter itself, not a wrapper script (pyenv shims) that would hide it.
-python="$("$python" -c 'import sys; print(sys.executable)')"
+# shellcheck source=scripts/_scratch.sh
+. "$(dirname "$0")/_scratch.sh"
 cc="${CC:-gcc}"
 
 libasan="$("$cc" -print-file-name=libasan.so)"
@@ -28,39 +26,19 @@ if [ ! -e "$libasan" ]; then
 fi
 libasan="$(readlink -f "$libasan")"
 
-scratch="$(mktemp -d "${TMPDIR:-/tmp}/bp-sanitize.XXXXXX")"
-cleanup() {
-    if [ "${KEEP:-}" = 1 ]; then
-        echo "sanitize.sh: kept $scratch" >&2
-    else
-        rm -rf "$scratch"
-    fi
-}
-trap cleanup EXIT
-
-# The working tree as it is, without build products or anything git ignores.
-(cd "$here" && git ls-files -z --cached --others --exclude-standard) |
-    (cd "$here" && xargs -0 sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh) |
-    (cd "$here" && tar --null -T - -cf -) | (cd "$scratch" && tar -xf -)
+scratch_setup sanitize
 
 echo "== building the core with ASan+UBSan in $scratch"
 start=$(date +%s)
-(
-    cd "$scratch"
-    export BOUNDEDPROC_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -fno-wrapv -g -O1"
-    export BOUNDEDPROC_LDFLAGS="-fsanitize=address,undefined"
-    "$python" csrc/build_ffi.py >/dev/null 2>build.log || { cat build.log >&2; exit 1; }
-    rm -f boundedproc/_bp.o csrc/*.o
-)
+BOUNDEDPROC_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -fno-wrapv -g -O1" \
+    BOUNDEDPROC_LDFLAGS="-fsanitize=address,undefined" scratch_build
 
-# Both halves must really be instrumented, or the run below proves nothing.
+# The core must really be instrumented, or the run below proves nothing.
 ext="$(ls "$scratch"/boundedproc/_bp*.so)"
-for bin in "$ext"; do
-    if [ -e "$bin" ] && ! nm -D "$bin" 2>/dev/null | grep '__asan_' >/dev/null; then
-        echo "sanitize.sh: $bin is not built with ASan" >&2
-        exit 1
-    fi
-done
+if ! nm -D "$ext" 2>/dev/null | grep '__asan_' >/dev/null; then
+    echo "sanitize.sh: $ext is not built with ASan" >&2
+    exit 1
+fi
 
 export LD_PRELOAD="$libasan${LD_PRELOAD:+:$LD_PRELOAD}"
 # abort_on_error: a report kills the process, so pytest (or the child) cannot miss it.

@@ -18,36 +18,17 @@
 # and the valgrind log.
 set -euo pipefail
 
-here="$(cd "$(dirname "$0")/.." && pwd)"
-python="${PYTHON:-python3}"
-# The interpreter itself, not a wrapper script (pyenv shims) that would hide it.
-python="$("$python" -c 'import sys; print(sys.executable)')"
+# shellcheck source=scripts/_scratch.sh
+. "$(dirname "$0")/_scratch.sh"
 rounds="${ROUNDS:-20}"
 
 command -v valgrind >/dev/null || { echo "valgrind.sh: valgrind is not installed" >&2; exit 2; }
 
-scratch="$(mktemp -d "${TMPDIR:-/tmp}/bp-valgrind.XXXXXX")"
-cleanup() {
-    if [ "${KEEP:-}" = 1 ]; then
-        echo "valgrind.sh: kept $scratch" >&2
-    else
-        rm -rf "$scratch"
-    fi
-}
-trap cleanup EXIT
-
-(cd "$here" && git ls-files -z --cached --others --exclude-standard) |
-    (cd "$here" && xargs -0 sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh) |
-    (cd "$here" && tar --null -T - -cf -) | (cd "$scratch" && tar -xf -)
+scratch_setup valgrind
 
 start=$(date +%s)
 echo "== building the core with -g -O0 in $scratch"
-(
-    cd "$scratch"
-    export BOUNDEDPROC_CFLAGS="-g -O0 -fno-omit-frame-pointer"
-    "$python" csrc/build_ffi.py >/dev/null 2>build.log || { cat build.log >&2; exit 1; }
-    rm -f boundedproc/_bp.o csrc/*.o
-)
+BOUNDEDPROC_CFLAGS="-g -O0 -fno-omit-frame-pointer" scratch_build
 
 cat >"$scratch/drive.py" <<'EOF'
 """Representative runs, each kind ROUNDS times, every outcome checked."""
