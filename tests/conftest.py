@@ -44,6 +44,32 @@ def wait_dead(pids: Iterable[int], within: float = 5.0) -> list[int]:
         time.sleep(0.02)
 
 
+def wait_for_pids(path: os.PathLike[str] | str, within: float = 20.0) -> list[int]:
+    """Wait (bounded) until a command has written the file at path; return its pids."""
+    from pathlib import Path
+
+    f = Path(path)
+    deadline = time.monotonic() + within
+    while not f.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return pids_in(f.read_text())
+
+
+def importable_env() -> dict[str, str]:
+    """This environment, with PYTHONPATH reaching the grader and boundedproc under test."""
+    from pathlib import Path
+
+    import boundedproc
+    import grader
+
+    roots = {
+        str(Path(module.__file__ or "").resolve().parent.parent) for module in (grader, boundedproc)
+    }
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*sorted(roots), env.get("PYTHONPATH", "")])
+    return env
+
+
 def pids_in(text: str | bytes) -> list[int]:
     """Every integer on its own line of a command's output."""
     if isinstance(text, bytes):

@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import alive, pids_in, wait_dead, wait_for_pids
 
-from boundedproc import Limits, run
-from boundedproc import _native
-from conftest import alive, pids_in, wait_dead
+from boundedproc import Limits, _native, run
 
 PY = sys.executable
 needs_contain = pytest.mark.skipif(not _native.CONTAIN_SUPPORTED,
@@ -112,10 +111,7 @@ def test_parent_sigkill_takes_the_run_with_it(tmp_path: Path, reaper: list[int],
     f = tmp_path / "pids"
     parent = subprocess.Popen([PY, "-c", PARENT.format(f=f, contain=contain)])
     try:
-        deadline = time.monotonic() + 20
-        while not f.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        pids = pids_in(f.read_text())
+        pids = wait_for_pids(f)
         reaper.extend(pids)
         assert len(pids) == 3 and all(alive(p) for p in pids)
         parent.kill()

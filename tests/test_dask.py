@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -16,8 +15,8 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-import boundedproc
-import grader
+from conftest import importable_env
+
 import grader._cli as cli
 from grader import (
     CheckExecution,
@@ -32,14 +31,6 @@ EXAMPLES = REPO / "examples"
 CLAIMS_FILE = EXAMPLES / "claims.jsonl"
 
 
-def importable_env() -> dict[str, str]:
-    """This environment, with PYTHONPATH reaching the grader and boundedproc under test."""
-    roots = {
-        str(Path(module.__file__ or "").resolve().parent.parent) for module in (grader, boundedproc)
-    }
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([*sorted(roots), env.get("PYTHONPATH", "")])
-    return env
 
 
 @pytest.fixture(scope="module")

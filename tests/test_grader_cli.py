@@ -19,10 +19,9 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import python_module_argv
+from conftest import importable_env, python_module_argv
 
 import boundedproc
-import grader
 import grader._cli as cli
 import grader._executor as executors
 from grader import (
@@ -615,14 +614,6 @@ def test_a_thread_pool_passed_in_grades_as_the_default_pool() -> None:
     assert any(o.grade.duplicate_of for o in passed_in)
 
 
-def subprocess_env() -> dict[str, str]:
-    """An environment in which a child `python -m grader` imports the same packages as the tests."""
-    roots = {
-        str(Path(module.__file__ or "").resolve().parent.parent) for module in (grader, boundedproc)
-    }
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([*sorted(roots), env.get("PYTHONPATH", "")])
-    return env
 
 
 def test_module_runs_the_example_claims(tmp_path: Path) -> None:
@@ -630,7 +621,7 @@ def test_module_runs_the_example_claims(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "grader", str(REPO / "examples" / "claims.jsonl"), "--jobs", "2"],
         cwd=tmp_path,
-        env=subprocess_env(),
+        env=importable_env(),
         capture_output=True,
         text=True,
         timeout=120,
@@ -677,7 +668,7 @@ def test_interrupt_kills_running_checks(tmp_path: Path, leftovers: list[int]) ->
     path = write_claims(tmp_path, claim("slow", check=check, expect="n=2"))
     proc = subprocess.Popen(
         python_module_argv("grader", str(path), "--timeout", "120"),
-        env=subprocess_env(),
+        env=importable_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SIGINT_PRELUDE, alive, group_members, pids_in, wait_dead
+from conftest import SIGINT_PRELUDE, alive, group_members, pids_in, wait_dead, wait_for_pids
 
 import boundedproc
 from boundedproc import Cancel, ProcessFailed, Result, run
@@ -549,10 +549,7 @@ def test_ctrl_c_kills_the_group_and_reraises(tmp_path: Path, reaper: list[int]) 
     child = subprocess.Popen([PY, "-c", SIGINT_PRELUDE + CTRL_C.format(f=f)],
                              stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 20
-        while not f.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        pids = pids_in(f.read_text())
+        pids = wait_for_pids(f)
         reaper.extend(pids)
         child.send_signal(signal.SIGINT)
         _, err = child.communicate(timeout=10)
