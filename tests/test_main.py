@@ -8,15 +8,16 @@ import subprocess
 import sys
 
 import pytest
+from conftest import pids_in, wait_dead
 
 from boundedproc.__main__ import main, parse_size
-from conftest import pids_in, wait_dead
 
 PY = sys.executable
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([PY, "-m", "boundedproc", *args], capture_output=True, timeout=timeout)
+    return subprocess.run([PY, "-m", "boundedproc", *args], capture_output=True, timeout=timeout,
+                          check=False)
 
 
 @pytest.mark.parametrize("text, expected", [
