@@ -1,6 +1,6 @@
 /*
- * bp_child.h: what a freshly forked child does before exec, shared by the
- * core's spawn (spawn.c) and the containment supervisor (supervisor.c).
+ * bp_child.h: what the core's vfork child (spawn.c) does before exec.  The
+ * contained path (contain.c) does the same with raw system calls instead.
  *
  * Everything here runs between vfork() and execve(): async-signal-safe
  * calls only, no allocation, nothing written that the parent reads.
@@ -35,10 +35,10 @@ static inline void bp_child_default_signals(void)
     }
 }
 
-/* Leave only 0, 1, 2 and the close-on-exec fds in keep[] open across
+/* Leave only 0, 1, 2 and keep (which must be close-on-exec) open across
  * exec: every other fd is marked close-on-exec (or, without close_range,
- * closed).  The fds in keep[] are left as they are. */
-static inline void bp_child_close_fds(const int *keep, int nkeep)
+ * closed). */
+static inline void bp_child_close_fds(int keep)
 {
 #if defined(__linux__) && defined(SYS_close_range)
     if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0)
@@ -47,13 +47,9 @@ static inline void bp_child_close_fds(const int *keep, int nkeep)
     long max = sysconf(_SC_OPEN_MAX);
     if (max < 0 || max > (1L << 20))
         max = 1L << 20;
-    for (int fd = 3; fd < (int)max; fd++) {
-        int kept = 0;
-        for (int i = 0; i < nkeep; i++)
-            kept |= keep[i] == fd;
-        if (!kept)
+    for (int fd = 3; fd < (int)max; fd++)
+        if (fd != keep)
             close(fd);
-    }
 }
 
 /* Try each candidate path as execvp does, except that ENOEXEC is reported

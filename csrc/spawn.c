@@ -167,7 +167,7 @@ __attribute__((noreturn, noinline)) static void child_main(const struct child_ct
     if (dup2(c->in_r, 0) < 0 || dup2(c->out_w, 1) < 0 || dup2(err_target, 2) < 0)
         child_fail(efd, BP_STAGE_DUP, errno);
 
-    bp_child_close_fds(&efd, 1);
+    bp_child_close_fds(efd);
 
     for (int i = 0; i < BP_NRLIMITS; i++) {
         if (spec->rlimits_soft[i] < 0 && spec->rlimits_hard[i] < 0)
