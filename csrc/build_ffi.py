@@ -3,18 +3,28 @@
 Kept outside the package, as pyca/cryptography does: setup.py names it in
 ``cffi_modules`` and it produces the extension ``boundedproc._bp``.  The cdef is
 the public header itself, so the declarations live in one place.
+
+It also builds the containment supervisor, a small executable
+(``boundedproc/_bp_supervisor``, beside the extension) from ``SUPERVISOR_SOURCES``,
+with the same compiler and flags: setup.py's ``build_ext`` calls
+``build_supervisor`` for ``pip install``, and running this file builds both in place
+(``python csrc/build_ffi.py``).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import tempfile
+from typing import Any
 
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SOURCES = ["spawn.c", "loop.c", "kill.c", "contain.c"]
+SUPERVISOR_SOURCES = ["supervisor.c"]
+SUPERVISOR = "_bp_supervisor"
 
 
 def _version() -> str:
@@ -35,6 +45,32 @@ def _cflags() -> list[str]:
     return flags
 
 
+def _ldflags() -> list[str]:
+    return ["-pthread"] + os.environ.get("BOUNDEDPROC_LDFLAGS", "").split()
+
+
+def _macros() -> list[tuple[str, str]]:
+    return [("BP_VERSION", f'"{_version()}"'), ("_GNU_SOURCE", "1")]
+
+
+def build_supervisor(compiler: Any, build_temp: str, out_dir: str) -> str:
+    """Compile and link the supervisor program into out_dir; return its path.
+
+    compiler is a distutils ``CCompiler`` already customised for this Python (the
+    one ``build_ext`` built the extension with), so both get the same compiler and
+    base flags; the objects go under build_temp.
+    """
+    objects = compiler.compile(
+        [os.path.join(HERE, name) for name in SUPERVISOR_SOURCES],
+        output_dir=os.path.join(build_temp, "supervisor"),
+        macros=_macros(),
+        include_dirs=[HERE],
+        extra_postargs=_cflags(),
+    )
+    compiler.link_executable(objects, SUPERVISOR, output_dir=out_dir, extra_postargs=_ldflags())
+    return os.path.join(out_dir, SUPERVISOR)
+
+
 ffibuilder = FFI()
 with open(os.path.join(HERE, "boundedproc.h"), encoding="utf-8") as _f:
     ffibuilder.cdef(_f.read())
@@ -44,12 +80,21 @@ ffibuilder.set_source(
     '#include "bp_internal.h"\n',
     sources=[os.path.join("csrc", name) for name in SOURCES],
     include_dirs=[HERE],
-    define_macros=[("BP_VERSION", f'"{_version()}"'), ("_GNU_SOURCE", "1")],
+    define_macros=_macros(),
     extra_compile_args=_cflags(),
-    extra_link_args=["-pthread"] + (os.environ.get("BOUNDEDPROC_LDFLAGS", "").split()),
+    extra_link_args=_ldflags(),
 )
 
 if __name__ == "__main__":
-    # In-place development build: boundedproc/_bp*.so
+    # In-place development build: boundedproc/_bp*.so and boundedproc/_bp_supervisor
+    # setuptools first: it provides distutils on 3.12+.
+    import setuptools  # noqa: F401, I001
+    from distutils.ccompiler import new_compiler
+    from distutils.sysconfig import customize_compiler
+
     os.chdir(ROOT)
     ffibuilder.compile(verbose=False)
+    cc = new_compiler()
+    customize_compiler(cc)
+    with tempfile.TemporaryDirectory() as tmp:
+        build_supervisor(cc, tmp, os.path.join(ROOT, "boundedproc"))

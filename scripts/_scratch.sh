@@ -1,5 +1,6 @@
 # Shared by sanitize.sh and valgrind.sh (sourced, not run): a scratch copy of the working tree
-# with the core built in place under the caller's BOUNDEDPROC_CFLAGS/LDFLAGS.
+# with the core (extension and supervisor program) built in place under the caller's
+# BOUNDEDPROC_CFLAGS/LDFLAGS.
 #
 # After `scratch_setup NAME`: $here is the checkout, $python the real interpreter (not a pyenv
 # shim that would hide it), $scratch the copy, removed at exit unless KEEP=1.

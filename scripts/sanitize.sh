@@ -5,11 +5,11 @@
 #   scripts/sanitize.sh tests/test_run.py -k deadline   # any pytest arguments
 #
 # The working tree (tracked and untracked, not ignored) is copied to a scratch directory, the
-# extension is built there with -fsanitize=address,undefined, and pytest
-# runs from that copy with the ASan runtime preloaded (CPython is not instrumented, so the
-# runtime must come first in the library list). Leak detection is off: CPython leaks by design
-# at exit; scripts/valgrind.sh checks the core for leaks. Any ASan report or UBSan finding
-# aborts the process that made it, so it fails the run.
+# extension and the supervisor program are built there with -fsanitize=address,undefined, and
+# pytest runs from that copy with the ASan runtime preloaded (CPython is not instrumented, so
+# the runtime must come first in the library list). Leak detection is off: CPython leaks by
+# design at exit; scripts/valgrind.sh checks the core for leaks. Any ASan report or UBSan
+# finding aborts the process that made it, so it fails the run.
 #
 # Environment: PYTHON (default python3) with cffi, pytest, hypothesis and psutil installed;
 # KEEP=1 keeps the scratch directory.
@@ -33,12 +33,14 @@ start=$(date +%s)
 BOUNDEDPROC_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -fno-wrapv -g -O1" \
     BOUNDEDPROC_LDFLAGS="-fsanitize=address,undefined" scratch_build
 
-# The core must really be instrumented, or the run below proves nothing.
-ext="$(ls "$scratch"/boundedproc/_bp*.so)"
-if ! nm -D "$ext" 2>/dev/null | grep '__asan_' >/dev/null; then
-    echo "sanitize.sh: $ext is not built with ASan" >&2
-    exit 1
-fi
+# The core and its supervisor program must really be instrumented, or the run below proves
+# nothing.
+for built in "$(ls "$scratch"/boundedproc/_bp*.so)" "$scratch/boundedproc/_bp_supervisor"; do
+    if ! nm -D "$built" 2>/dev/null | grep '__asan_' >/dev/null; then
+        echo "sanitize.sh: $built is not built with ASan" >&2
+        exit 1
+    fi
+done
 
 export LD_PRELOAD="$libasan${LD_PRELOAD:+:$LD_PRELOAD}"
 # abort_on_error: a report kills the process, so pytest (or the child) cannot miss it.
