@@ -20,18 +20,19 @@ except ImportError:
     )
 
 from setuptools import setup
+from setuptools.command.build import build
 from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, os.path.join(HERE, "csrc"))
 import build_ffi
 
 
-def _check_compiler(cmd: build_ext) -> None:
+def _check_compiler(compiler_type: str | None = None) -> None:
     """Exit with one line naming what to install when the C compiler is not there."""
     from distutils.ccompiler import new_compiler
     from distutils.sysconfig import customize_compiler
 
-    cc = new_compiler(compiler=cmd.compiler)
+    cc = new_compiler(compiler=compiler_type)
     customize_compiler(cc)
     argv = getattr(cc, "compiler_so", None) or ["cc"]
     if shutil.which(argv[0]) is None:
@@ -42,11 +43,19 @@ def _check_compiler(cmd: build_ext) -> None:
         )
 
 
+class Build(build):
+    """build that looks for the C compiler first, before any file is copied or generated."""
+
+    def run(self) -> None:
+        _check_compiler()
+        super().run()
+
+
 class BuildExt(build_ext):
     """build_ext that also links the supervisor program beside the extension."""
 
     def run(self) -> None:
-        _check_compiler(self)
+        _check_compiler(self.compiler)
         super().run()
         out_dir = os.path.join(self.build_lib, "boundedproc")
         path = build_ffi.build_supervisor(self.compiler, self.build_temp, out_dir)
@@ -66,6 +75,6 @@ def _limited_api() -> bool:
 
 setup(
     cffi_modules=["csrc/build_ffi.py:ffibuilder"],
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build": Build, "build_ext": BuildExt},
     options={"bdist_wheel": {"py_limited_api": "cp310"}} if _limited_api() else {},
 )
