@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from boundedproc._result import Result
 from boundedproc._run import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT, run
+from boundedproc._version import __version__
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between SIGTERM and SIGKILL (default 0: SIGKILL at once)")
     p.add_argument("--json", action="store_true",
                    help="print the Result as one JSON object instead of passing output through")
+    p.add_argument("--version", action="version", version=f"boundedproc {__version__}")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARG...]")
     return p
 

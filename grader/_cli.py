@@ -429,6 +429,21 @@ def _executor_address(text: str) -> str | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: prints the boundedproc version, importing boundedproc only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        from boundedproc import __version__
+
+        print(f"boundedproc {__version__}")
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m grader",
@@ -450,6 +465,7 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("claims", metavar="CLAIMS.jsonl", help="the claims file to grade")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     parser.add_argument(
         "--cwd",
         metavar="DIR",
