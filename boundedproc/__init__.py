@@ -6,24 +6,30 @@
     (0, b'hi\\n')
 """
 
+from boundedproc._cancel import Cancel
 from boundedproc._native import (
     CANCEL_EXIT_CODE,
     DEADLINE_EXIT_CODE,
     SPAWN_FAILURE_EXIT_CODE,
 )
+from boundedproc._options import CAPTURE, DEVNULL, INHERIT, Limits, Stream
 from boundedproc._result import ProcessFailed, Result
-from boundedproc._run import Cancel, Limits, run
+from boundedproc._run import run
 from boundedproc._scale import run_async, run_many
 from boundedproc._version import __version__
 
 __all__ = [
     "CANCEL_EXIT_CODE",
+    "CAPTURE",
     "DEADLINE_EXIT_CODE",
+    "DEVNULL",
+    "INHERIT",
     "SPAWN_FAILURE_EXIT_CODE",
     "Cancel",
     "Limits",
     "ProcessFailed",
     "Result",
+    "Stream",
     "__version__",
     "run",
     "run_async",

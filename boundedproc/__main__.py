@@ -10,8 +10,9 @@ import re
 import sys
 from collections.abc import Sequence
 
-from boundedproc._result import Result
-from boundedproc._run import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT, run
+from boundedproc._options import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT
+from boundedproc._result import AnyResult
+from boundedproc._run import run
 from boundedproc._version import __version__
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def result_json(result: Result) -> str:
+def result_json(result: AnyResult) -> str:
     """The result as one JSON object: every field, output decoded as UTF-8."""
     data = {}
     for field in dataclasses.fields(result):

@@ -112,6 +112,32 @@ CONTAIN_SUPPORTED: bool = bool(lib.bp_contain_supported())
 """Whether contained runs are available (x86_64/aarch64 Linux with a subreaper)."""
 
 
+def contain_default() -> bool:
+    """Whether ``contain=None`` means a contained run here, now."""
+    return CONTAIN_SUPPORTED
+
+
+class RunControl:
+    """A handle on a run in flight, for a caller that forwards signals to it.
+
+    ``execute`` attaches the run while it is in flight; ``send_signal`` is to
+    be called from the thread that runs it (a Python signal handler in the
+    main thread, as the timeout command line does).
+    """
+
+    __slots__ = ("_run", "pid")
+
+    def __init__(self) -> None:
+        self._run: object | None = None
+        self.pid: int | None = None
+
+    def send_signal(self, sig: int) -> bool:
+        """Send ``sig`` to the run's group; False when no run can be signalled now."""
+        if self._run is None:
+            return False
+        return bool(lib.bp_signal(self._run, sig) == 0)
+
+
 def containment_refused(out: NativeOutcome) -> bool:
     """Whether a contained run failed because this system refuses containment.
 
@@ -168,6 +194,12 @@ class NativeSpec:
     rlimits_hard: Sequence[int]
     exit_watch: int = WATCH_AUTO
     contain: bool = False  # start the command under the containment supervisor
+    stdin_fd: int = -1  # -1: a pipe carrying ``stdin``; else the fd the child gets as 0
+    stdout_fd: int = -1  # -1: captured; else the child's fd 1
+    stderr_fd: int = -1  # -1: captured (or stdout's pipe with merge_stderr)
+    first_signal: int = signal.SIGTERM  # sent at the end when kill_grace_ns != 0
+    new_session: bool = True  # False: the leader stays in our group, signalled alone
+    keep: int = 0  # BP_KEEP_*
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +226,11 @@ class NativeOutcome:
     max_rss: int
     exit_watch: int
     unkilled: int
+    stdout_omitted: int
+    stderr_omitted: int
+    stdout_gap: int | None
+    stderr_gap: int | None
+    runner_failure: str | None = None  # the supervisor's fate, when it failed the run
 
 
 # --- waking the poll loop for signals ------------------------------------------------
@@ -231,12 +268,13 @@ def _get_wake_pipe() -> tuple[int, int]:
 class _Wakeup:
     """Borrow the signal wakeup fd for the duration of a run (main thread only)."""
 
-    __slots__ = ("_old", "_r", "fd")
+    __slots__ = ("_old", "_r", "_w", "fd")
 
     def __init__(self) -> None:
         self.fd = -1
         self._old = -1
         self._r = -1
+        self._w = -1
 
     def __enter__(self) -> _Wakeup:  # noqa: PYI034 - a private class, never subclassed
         if threading.current_thread() is threading.main_thread():
@@ -246,6 +284,7 @@ class _Wakeup:
             except ValueError:
                 return self
             self.fd = self._r = r
+            self._w = w
         return self
 
     def drain(self) -> None:
@@ -258,7 +297,9 @@ class _Wakeup:
                 return
             if not data:
                 return
-            if self._old >= 0:
+            # A run nested in a signal handler found our own pipe as the old
+            # fd: forwarding to it would feed this loop forever.
+            if self._old >= 0 and self._old != self._w:
                 try:
                     os.write(self._old, data)
                 except OSError:
@@ -311,8 +352,14 @@ def _take(run: object, stream: int, length: int) -> bytes:
     return out
 
 
-def execute(spec: NativeSpec) -> NativeOutcome:
+def execute(spec: NativeSpec, *, on_output: object = None,
+            control: RunControl | None = None) -> NativeOutcome:
     """Spawn and wait for one command.
+
+    Args:
+        spec: What to run.
+        on_output: ``on_output(stream, chunk)`` for every chunk read.
+        control: Attached to the run while it is in flight.
 
     Returns:
         The core's report, with the kept output.
@@ -320,8 +367,9 @@ def execute(spec: NativeSpec) -> NativeOutcome:
     Raises:
         MemoryError: the core could not allocate its run handle or a buffer.
         OSError: poll() itself failed (never because of the command).
-        KeyboardInterrupt: and any exception a signal handler raises: the group
-            has been killed and the leader reaped before it propagates.
+        KeyboardInterrupt: and any exception a signal handler or ``on_output``
+            raises: the group has been killed and the leader reaped before it
+            propagates.
     """
     keep: list[object] = []
     c = ffi.new("struct bp_spec *")
@@ -348,6 +396,12 @@ def execute(spec: NativeSpec) -> NativeOutcome:
     c.exit_watch = spec.exit_watch
     c.out_page_offset = _BYTES_PAGE_OFFSET
     c.contain = int(spec.contain)
+    c.stdin_fd = spec.stdin_fd
+    c.stdout_fd = spec.stdout_fd
+    c.stderr_fd = spec.stderr_fd
+    c.first_signal = spec.first_signal
+    c.new_session = int(spec.new_session)
+    c.keep = spec.keep
     for i in range(NRLIMITS):
         c.rlimits_soft[i] = spec.rlimits_soft[i]
         c.rlimits_hard[i] = spec.rlimits_hard[i]
@@ -356,10 +410,16 @@ def execute(spec: NativeSpec) -> NativeOutcome:
     handle = ffi.new("struct bp_run **")
     with _Wakeup() as wake:
         c.wake_fd = wake.fd
-        if lib.bp_start(c, res, handle) < 0:
-            raise MemoryError("boundedproc: cannot allocate a run handle")
-        run = handle[0]
+        # Everything from bp_start on is inside the try: a KeyboardInterrupt
+        # that lands between its return and the loop must still free (kill,
+        # reap) the run; bp_start sets handle[0] before it spawns.
         try:
+            if lib.bp_start(c, res, handle) < 0:
+                raise MemoryError("boundedproc: cannot allocate a run handle")
+            run = handle[0]
+            if control is not None:
+                control._run = run
+                control.pid = res.pid if res.spawned else None
             while True:
                 rc = lib.bp_wait(run)
                 if rc == lib.BP_DONE:
@@ -376,7 +436,9 @@ def execute(spec: NativeSpec) -> NativeOutcome:
             stdout = _take(run, lib.BP_STDOUT, res.stdout_len)
             stderr = _take(run, lib.BP_STDERR, res.stderr_len)
         finally:
-            lib.bp_free(run)  # kills and reaps a run that an exception interrupted
+            if control is not None:
+                control._run = None
+            lib.bp_free(handle[0])  # kills and reaps a run that an exception interrupted
     return NativeOutcome(
         spawned=bool(res.spawned),
         pid=res.pid,
@@ -398,4 +460,8 @@ def execute(spec: NativeSpec) -> NativeOutcome:
         max_rss=res.max_rss,
         exit_watch=res.exit_watch,
         unkilled=res.unkilled,
+        stdout_omitted=res.stdout_read - res.stdout_len,
+        stderr_omitted=res.stderr_read - res.stderr_len,
+        stdout_gap=None if res.stdout_gap < 0 else res.stdout_gap,
+        stderr_gap=None if res.stderr_gap < 0 else res.stderr_gap,
     )

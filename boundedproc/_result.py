@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
-from typing import Union
+from typing import Generic, TypeVar, Union
 
 Output = Union[bytes, str]  # noqa: UP007 - a runtime alias, kept for Python 3.10 docs
 
+#: ``bytes`` for a run with ``text=False`` (the default), ``str`` with ``text=True``.
+OutputT = TypeVar("OutputT", bytes, str)
+
 
 @dataclass(frozen=True, slots=True)
-class Result:
+class Result(Generic[OutputT]):
     """What one bounded run did.
 
     Attributes:
@@ -36,16 +40,28 @@ class Result:
         output_bytes: Bytes read from both streams, kept and discarded.
         user_time: The leader's user CPU seconds (``wait4``).
         system_time: The leader's system CPU seconds (``wait4``).
-        max_rss: The leader's peak resident set, in bytes, as ``wait4`` reports
-            it.  On Linux it is at least the caller's resident size at spawn
-            time: the child runs in the caller's address space until its exec
-            (vfork/clone), and the kernel carries that high-water mark over.
+        max_rss: The largest peak resident set, in bytes, of the processes
+            ``user_time`` covers.  On Linux an uncontained leader's is at least
+            the caller's resident size at spawn time: the child runs in the
+            caller's address space until its exec (vfork), and the kernel
+            carries that high-water mark over.
+        stdout_omitted: Bytes of stdout read and not kept (see ``keep``).
+        stderr_omitted: Bytes of stderr read and not kept.
+        stdout_gap: Where in the kept stdout the omitted bytes were
+            (``len(stdout)`` for ``keep="head"``, 0 for ``"tail"``); ``None``
+            when nothing was omitted.
+        stderr_gap: The same for stderr.
+
+    ``user_time`` and ``system_time`` cover the whole run: the leader, the
+    descendants it waited for, and, contained, every orphan the supervisor
+    adopted and reaped.  An uncontained run sees only the leader and what it
+    waited for (an orphan is reaped by init, out of our sight).
     """
 
     args: tuple[str, ...]
     exit_code: int
-    stdout: Output
-    stderr: Output
+    stdout: OutputT
+    stderr: OutputT
     timed_out: bool = False
     cancelled: bool = False
     output_truncated: bool = False
@@ -60,6 +76,10 @@ class Result:
     user_time: float = 0.0
     system_time: float = 0.0
     max_rss: int = 0
+    stdout_omitted: int = 0
+    stderr_omitted: int = 0
+    stdout_gap: int | None = None
+    stderr_gap: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -72,7 +92,7 @@ class Result:
             and not (self.timed_out or self.cancelled or self.output_truncated or self.escaped)
         )
 
-    def check(self) -> Result:
+    def check(self) -> Result[OutputT]:
         """Return this result when ``ok``.
 
         Raises:
@@ -83,17 +103,25 @@ class Result:
         return self
 
 
+#: A result of either output type.
+AnyResult = Union[Result[bytes], Result[str]]  # noqa: UP007 - a runtime alias
+
+
 class ProcessFailed(Exception):
     """A run that was not ``ok``, raised by ``Result.check``."""
 
-    def __init__(self, result: Result) -> None:
+    def __init__(self, result: Result[bytes] | Result[str]) -> None:
         self.result = result
-        super().__init__(describe(result))
+        super().__init__(describe(result, stderr_lines=5))
 
 
-def describe(result: Result) -> str:
-    """One line saying how a run ended, for messages and logs."""
-    cmd = " ".join(result.args)
+def describe(result: Result[bytes] | Result[str], stderr_lines: int = 0) -> str:
+    """One line saying how a run ended, for messages and logs.
+
+    The command is quoted with ``shlex.join``; with ``stderr_lines``, the last
+    that many lines of its stderr follow on lines of their own.
+    """
+    cmd = shlex.join(result.args)
     if len(cmd) > 120:
         cmd = cmd[:117] + "..."
     if result.runner_error is not None:
@@ -110,4 +138,11 @@ def describe(result: Result) -> str:
         why = f"killed by signal {result.term_signal}"
     else:
         why = f"exit {result.exit_code}"
-    return f"{cmd!r}: {why}"
+    line = f"{cmd}: {why}"
+    if stderr_lines > 0:
+        err = result.stderr
+        text = err.decode("utf-8", "replace") if isinstance(err, bytes) else err
+        tail = text.rstrip("\n").splitlines()[-stderr_lines:]
+        if tail:
+            line += "\n" + "\n".join(f"  {t}" for t in tail)
+    return line

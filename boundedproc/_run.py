@@ -1,227 +1,166 @@
-"""``run()``: validate in Python, then hand the run to the C core."""
+"""``run()``: validate in Python, then hand the run to the C core.
+
+A run goes through three pieces, each in its own module: the options
+(``_options``: validation, defaults, ``Limits``), the command (``_command``:
+argument vector, program candidates, environment snapshot), and the spawn
+(``_native``: the one module that talks to the core).  This module puts them
+together and turns the core's outcome into a ``Result``.
+"""
 
 from __future__ import annotations
 
-import contextvars
-import dataclasses
-import math
 import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar, Union
+from typing import Any, Literal, overload
 
-from boundedproc import _native
-from boundedproc._result import Result
+from boundedproc import _command, _native
+from boundedproc._cancel import ALSO_CANCEL, Cancel
+from boundedproc._command import Command, StrOrBytesPath, text_arg
+from boundedproc._options import (
+    CAPTURE,
+    DEFAULT_MAX_OUTPUT,
+    DEFAULT_TIMEOUT,
+    NO_LIMITS,
+    Keep,
+    Limits,
+    Options,
+    OutputCallback,
+    StdinSource,
+    StdioTarget,
+    grace_ns,
+    to_ns,
+    validate,
+)
+from boundedproc._result import AnyResult, Result
 
 __all__ = ["DEFAULT_MAX_OUTPUT", "DEFAULT_TIMEOUT", "Cancel", "Limits", "run"]
 
-DEFAULT_TIMEOUT = 600.0
-DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
-
-StrOrBytesPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
-Command = Union[str, Sequence[StrOrBytesPath]]  # noqa: UP007 - string forward refs inside
+_DEVNULL_FD: int | None = None
 
 
-_C = TypeVar("_C", bound="Cancel")
+def _devnull() -> int:
+    """One close-on-exec ``/dev/null`` fd per process, opened on first use."""
+    global _DEVNULL_FD
+    if _DEVNULL_FD is None:
+        _DEVNULL_FD = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    return _DEVNULL_FD
 
 
-class Cancel:
-    """A cancel switch that one or many runs watch.
-
-    ``cancel()`` is thread-safe, idempotent and safe to call from a signal
-    handler: it sets a flag and writes one byte to a pipe whose read end every
-    run watching this switch has in its poll set.  The byte is never consumed,
-    so the switch stays set.
-    """
-
-    __slots__ = ("__weakref__", "_r", "_set", "_w")
-
-    def __init__(self) -> None:
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._w, False)
-        self._set = False
-
-    def cancel(self) -> None:
-        """Cancel every run watching this switch, now and later."""
-        if self._set:
-            return
-        self._set = True
-        try:
-            os.write(self._w, b"x")
-        except OSError:  # the pipe is full (it cannot be) or already closed
-            pass
-
-    @property
-    def cancelled(self) -> bool:
-        """Whether ``cancel()`` was called."""
-        return self._set
-
-    def fileno(self) -> int:
-        """The fd that becomes readable once cancelled (for event loops)."""
-        return self._r
-
-    def __reduce__(self) -> str | tuple[object, ...]:
-        # Its fds mean nothing in another process, and a copy's __del__ would
-        # close whatever holds those numbers there.
-        raise TypeError("a Cancel belongs to one process and cannot be pickled")
-
-    def close(self) -> None:
-        """Release the switch's two fds now (else when it is garbage-collected).
-
-        Runs watching it must be over; a closed switch must not be passed to
-        a run again.
-        """
-        for name in ("_r", "_w"):
-            fd = getattr(self, name, -1)
-            if fd >= 0:
-                setattr(self, name, -1)
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-
-    def __enter__(self: _C) -> _C:  # noqa: PYI019 - typing.Self needs 3.11
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"Cancel(cancelled={self._set})"
+def _child_fd(code: int, inherit: int) -> int:
+    """The fd the core gives the child for a validated stream target code."""
+    if code == -2:
+        return _devnull()
+    if code == -3:
+        return inherit
+    return code
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
-    """Resource limits applied with ``setrlimit`` in the child before exec.
+class Prepared:
+    """A run ready for the core: the spec, and what the result needs to be built."""
 
-    Attributes:
-        cpu_seconds: CPU time.  The soft limit is this, the hard limit one
-            second above it, so the command gets SIGXCPU first (a soft limit
-            equal to the hard one would deliver SIGKILL).
-        memory_bytes: Address space (``RLIMIT_AS``).
-        max_processes: Processes of the user (``RLIMIT_NPROC``).  The kernel
-            does not enforce it for root; the deadline and the group kill still
-            end a fork bomb there.
-        file_size_bytes: Largest file the command may write (``RLIMIT_FSIZE``,
-            SIGXFSZ past it).
-        open_files: Open file descriptors (``RLIMIT_NOFILE``).
+    args: list[bytes]
+    options: Options
+    spec: _native.NativeSpec | None
+    not_spawned: str | None = None
+    cancelled: bool = False
 
-    A limit the kernel refuses (above the hard limit without privilege, or
-    above ``fs.nr_open`` for open files) gives a ``spawn failed:`` result.
+
+def prepare(cmd: object, shell: object, options: Options) -> Prepared:
+    """The command and the spec of a run, or why it cannot be spawned.
+
+    Raises:
+        TypeError, ValueError: a caller bug in ``cmd``, ``shell`` or ``env``.
     """
-
-    cpu_seconds: float | None = None
-    memory_bytes: int | None = None
-    max_processes: int | None = None
-    file_size_bytes: int | None = None
-    open_files: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("cpu_seconds", "memory_bytes", "max_processes", "file_size_bytes",
-                     "open_files"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"Limits.{name} must be a number or None, not {value!r}")
-            if name != "cpu_seconds" and not isinstance(value, int):
-                raise TypeError(f"Limits.{name} must be an int or None, not {value!r}")
-            if math.isnan(value) or value < 0 or math.isinf(value):
-                raise ValueError(f"Limits.{name} must be a finite number >= 0, not {value!r}")
-
-    def _native(self) -> tuple[list[int], list[int]]:
-        soft = [-1] * _native.NRLIMITS
-        hard = [-1] * _native.NRLIMITS
-        if self.cpu_seconds is not None:
-            cpu = max(1, math.ceil(self.cpu_seconds))
-            soft[_native.RLIMIT_CPU], hard[_native.RLIMIT_CPU] = cpu, cpu + 1
-        for index, value in (
-            (_native.RLIMIT_AS, self.memory_bytes),
-            (_native.RLIMIT_NPROC, self.max_processes),
-            (_native.RLIMIT_FSIZE, self.file_size_bytes),
-            (_native.RLIMIT_NOFILE, self.open_files),
-        ):
-            if value is not None:
-                soft[index] = hard[index] = min(int(value), 2**63 - 1)
-        return soft, hard
-
-
-# A second switch a run also watches, set only by boundedproc's own wrappers
-# (run_async's task cancellation) so that a caller's shared Cancel is never set
-# on their behalf.
-ALSO_CANCEL: contextvars.ContextVar[Cancel | None] = contextvars.ContextVar(
-    "boundedproc_also_cancel", default=None)
-
-_NO_LIMITS = ([-1] * _native.NRLIMITS, [-1] * _native.NRLIMITS)
-
-
-def _seconds(name: str, value: object, *, allow_none: bool) -> float | None:
-    if value is None:
-        if allow_none:
-            return None
-        raise TypeError(f"{name} must be a number, not None")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    v = float(value)
-    if math.isnan(v) or v < 0:
-        raise ValueError(f"{name} must be >= 0 seconds, not {value!r}")
-    if math.isinf(v):
-        if allow_none:
-            return None
-        raise ValueError(f"{name} must be finite, not {value!r}")
-    return v
-
-
-def _ns(seconds: float | None) -> int:
-    if seconds is None:
-        return -1
-    return min(int(seconds * 1e9), 2**62)
-
-
-def _entry(value: object, what: str) -> bytes:
-    if isinstance(value, str):
-        return value.encode("utf-8", "surrogateescape")
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, os.PathLike):
-        return os.fsencode(value)
-    raise TypeError(f"{what} must be str, bytes or os.PathLike, not {type(value).__name__}")
-
-
-def _text_arg(value: bytes) -> str:
-    return value.decode("utf-8", "surrogateescape")
-
-
-def _not_spawned(args: Sequence[bytes], why: str, started: float, payload: bytes,
-                 cancelled: bool = False) -> Result:
-    return Result(
-        args=tuple(_text_arg(a) for a in args),
-        exit_code=_native.CANCEL_EXIT_CODE if cancelled else _native.SPAWN_FAILURE_EXIT_CODE,
-        stdout=b"",
-        stderr=b"",
-        cancelled=cancelled,
-        spawned=False,
-        stdin_delivered=not payload,
-        runner_error=None if cancelled else f"not spawned: {why}",
-        duration=time.monotonic() - started,
+    args = _command.argv_of(cmd, shell)
+    items = _command.env_items(options.env)
+    also_cancel = ALSO_CANCEL.get()
+    if (options.cancel is not None and options.cancel.cancelled) or (
+            also_cancel is not None and also_cancel.cancelled):
+        return Prepared(args, options, None, "cancelled before spawn", cancelled=True)
+    bad = _command.check_content(args, options.cwd)
+    if bad is not None:
+        return Prepared(args, options, None, bad.why)
+    env = _command.environment(items, options.env_mode)
+    if isinstance(env, _command.NotSpawned):
+        return Prepared(args, options, None, env.why)
+    envp, child_path = env
+    soft, hard = options.limits.native() if options.limits is not None else NO_LIMITS
+    contain = _native.contain_default() if options.contain is None else options.contain
+    spec = _native.NativeSpec(
+        argv=args,
+        exec_paths=_command.exec_paths(args[0], child_path),
+        envp=envp,
+        cwd=options.cwd,
+        stdin=options.payload,
+        timeout_ns=to_ns(options.timeout),
+        max_output=-1 if options.max_output is None else min(options.max_output, 2**63 - 1),
+        overflow_kill=options.overflow_kill,
+        merge_stderr=options.merge_stderr,
+        cancel_fd=-1 if options.cancel is None else options.cancel.fileno(),
+        cancel_fd2=-1 if also_cancel is None else also_cancel.fileno(),
+        kill_grace_ns=-1 if options.kill_grace_never else grace_ns(options.kill_grace),
+        drain_grace_ns=grace_ns(options.drain_grace),
+        rlimits_soft=soft,
+        rlimits_hard=hard,
+        contain=contain,
+        stdin_fd=_child_fd(options.stdin_fd, 0),
+        stdout_fd=_child_fd(options.stdout_fd, 1),
+        stderr_fd=_child_fd(options.stderr_fd, 2),
+        first_signal=options.first_signal,
+        new_session=options.new_session,
     )
+    return Prepared(args, options, spec)
 
 
-def _exec_paths(program: bytes, path: bytes | None) -> list[bytes]:
-    """Candidates for execve, as execvp would try them (POSIX PATH rules)."""
-    if b"/" in program:
-        return [program]
-    if not program:
-        return []
-    search = path if path is not None else os.defpath.encode()
-    # An empty PATH entry means the current directory, as POSIX says.
-    return [(d or b".") + b"/" + program for d in search.split(b":")]
+def execute(prepared: Prepared, started: float,
+            control: _native.RunControl | None = None) -> tuple[AnyResult, _native.NativeOutcome | None]:
+    """Run a prepared command and build its result (and the core's raw outcome)."""
+    opts = prepared.options
+    if prepared.spec is None:
+        return _not_spawned(prepared, started), None
+    out = _native.execute(prepared.spec, on_output=opts.on_output, control=control)
+    return _to_result(out, prepared, started), out
 
 
+@overload
+def run(
+    cmd: Command, *, shell: bool | str = ..., timeout: float | None = ...,
+    max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
+    stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
+    env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
+    merge_stderr: bool = ..., text: Literal[False] = ..., cancel: Cancel | None = ...,
+    kill_grace: float = ..., drain_grace: float = ..., limits: Limits | None = ...,
+    contain: bool | None = ..., on_output: OutputCallback | None = ..., keep: Keep = ...,
+    stdout: StdioTarget = ..., stderr: StdioTarget = ..., user: int | str | None = ...,
+    group: int | str | None = ..., tmpdir: bool = ..., check: bool = ...,
+) -> Result[bytes]: ...
+@overload
+def run(
+    cmd: Command, *, shell: bool | str = ..., timeout: float | None = ...,
+    max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
+    stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
+    env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
+    merge_stderr: bool = ..., text: Literal[True], cancel: Cancel | None = ...,
+    kill_grace: float = ..., drain_grace: float = ..., limits: Limits | None = ...,
+    contain: bool | None = ..., on_output: OutputCallback | None = ..., keep: Keep = ...,
+    stdout: StdioTarget = ..., stderr: StdioTarget = ..., user: int | str | None = ...,
+    group: int | str | None = ..., tmpdir: bool = ..., check: bool = ...,
+) -> Result[str]: ...
+@overload
+def run(
+    cmd: Command, *, shell: bool | str = ..., timeout: float | None = ...,
+    max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
+    stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
+    env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
+    merge_stderr: bool = ..., text: bool, cancel: Cancel | None = ...,
+    kill_grace: float = ..., drain_grace: float = ..., limits: Limits | None = ...,
+    contain: bool | None = ..., on_output: OutputCallback | None = ..., keep: Keep = ...,
+    stdout: StdioTarget = ..., stderr: StdioTarget = ..., user: int | str | None = ...,
+    group: int | str | None = ..., tmpdir: bool = ..., check: bool = ...,
+) -> Result[bytes] | Result[str]: ...
 def run(
     cmd: Command,
     *,
@@ -229,7 +168,7 @@ def run(
     timeout: float | None = DEFAULT_TIMEOUT,
     max_output: int | None = DEFAULT_MAX_OUTPUT,
     on_overflow: Literal["truncate", "kill"] = "truncate",
-    stdin: bytes | str | None = None,
+    stdin: StdinSource = None,
     cwd: StrOrBytesPath | None = None,
     env: Mapping[str, str | None] | None = None,
     env_mode: Literal["merge", "replace"] = "merge",
@@ -240,7 +179,16 @@ def run(
     drain_grace: float = 2.0,
     limits: Limits | None = None,
     contain: bool | None = None,
-) -> Result:
+    on_output: OutputCallback | None = None,
+    keep: Keep = "head",
+    stdout: StdioTarget = CAPTURE,
+    stderr: StdioTarget = CAPTURE,
+    user: int | str | None = None,
+    group: int | str | None = None,
+    tmpdir: bool = False,
+    check: bool = False,
+    **unknown: object,
+) -> Result[bytes] | Result[str]:
     """Run a command to completion within bounds, killing its whole group.
 
     The child leads a new session and process group, starts with default
@@ -258,18 +206,21 @@ def run(
             entry), or a string for ``shell``.
         shell: ``True`` runs ``/bin/sh -c cmd``; a program name or path runs
             ``[shell, "-c", cmd]``.  Needs a string ``cmd``.
-        timeout: Seconds from the spawn to the deadline; ``None`` (or infinity)
-            for none.
+        timeout: Seconds from the spawn to the deadline; ``None`` (or infinity,
+            or a bound too large to represent) for none.
         max_output: Bytes kept across stdout and stderr together, in arrival
             order; ``None`` for no cap.
         on_overflow: Past the cap, ``"truncate"`` reads and discards the rest,
-            ``"kill"`` kills the group at once (exit 137).
-        stdin: Payload written to the child's stdin (``str`` is UTF-8 encoded).
+            ``"kill"`` kills the group at once (exit 137; ``keep="head"`` only).
+        stdin: A payload written to the child's stdin (``str`` is UTF-8
+            encoded), ``None`` for an empty stdin (EOF at once), ``DEVNULL``
+            or ``INHERIT`` (the caller's fd 0, for a command that reads the
+            terminal).
         cwd: Directory the child starts in.
         env: Variables for the child; a ``None`` value removes one (merge).
         env_mode: ``"merge"`` applies ``env`` over the caller's environment,
             ``"replace"`` gives the child ``env`` alone.
-        merge_stderr: Send the child's stderr to the stdout pipe, in order.
+        merge_stderr: Send the child's stderr where its stdout goes, in order.
         text: Decode stdout and stderr as UTF-8 with ``errors="replace"``.
         cancel: A switch that ends the run when set; a run whose switch is
             already set spawns nothing and reports ``cancelled``.
@@ -281,12 +232,29 @@ def run(
         limits: Resource limits for the child (``setrlimit`` before exec).
         contain: Kill, at the end, also the descendants that left the group
             (``setsid``, double fork, daemonising), and every process of the
-            run if the caller dies, even by SIGKILL.  A small supervisor
-            process, a child subreaper cloned into the caller's address space
-            (no exec), sits between the caller and the command for this; the
-            caller itself never becomes a subreaper.
-            ``None`` (the default) means on where supported (Linux);
-            ``True`` where unsupported raises ``ValueError``.
+            run if the caller dies, even by SIGKILL.  A supervisor process, a
+            child subreaper reused from run to run, sits between the caller
+            and the command for this; the caller itself never becomes a
+            subreaper.  ``None`` (the default) means on where supported
+            (Linux); ``True`` where unsupported raises ``ValueError``.
+        on_output: Called in the calling thread as ``on_output(stream, chunk)``
+            (``stream`` 1 or 2) for every chunk read from a captured stream,
+            kept or not, in arrival order.  An exception it raises ends the
+            run as Ctrl-C does, then propagates.
+        keep: Which bytes ``max_output`` keeps across both streams in arrival
+            order: the first (``"head"``), the last (``"tail"``), or the first
+            half and the last half (``"head+tail"``).
+        stdout: ``CAPTURE`` (the default), ``DEVNULL``, ``INHERIT`` (the
+            caller's fd 1: live, uncounted, uncapped), an fd or an object with
+            ``fileno()``.
+        stderr: The same for stderr.
+        user: Run as this user (a name or a uid): ``setgroups`` to its groups,
+            ``setgid`` to its group and ``setuid`` before exec.
+        group: Run with this group (a name or a gid) instead of the user's.
+        tmpdir: Run in a fresh private directory (mode 0700, owned by
+            ``user``), also the child's ``TMPDIR``, removed with everything in
+            it after the run.
+        check: Raise ``ProcessFailed`` when the result is not ``ok``.
 
     Returns:
         A ``Result``.  Everything about the command's content or the OS (a NUL
@@ -296,184 +264,112 @@ def run(
         milliseconds, whatever the command does.
 
     Raises:
-        TypeError: an argument of the wrong type.
+        TypeError: an argument of the wrong type, or an unknown keyword (one of
+            ``subprocess.run``'s is named with the boundedproc equivalent).
         ValueError: a string command without a shell, a vector with a shell,
             an empty vector, a negative or NaN bound, an unknown mode.
+        ProcessFailed: with ``check=True``, when the result is not ``ok``.
         KeyboardInterrupt: Ctrl-C during the run, after the group was killed
             and the leader reaped.
         MemoryError: the runner could not allocate what it needs.
     """
     started = time.monotonic()
+    if unknown:
+        raise _unknown_keyword(unknown)
+    options = validate(
+        timeout=timeout, max_output=max_output, on_overflow=on_overflow, stdin=stdin, cwd=cwd,
+        env=env, env_mode=env_mode, merge_stderr=merge_stderr, text=text, cancel=cancel,
+        kill_grace=kill_grace, drain_grace=drain_grace, limits=limits, contain=contain,
+        on_output=on_output, keep=keep, stdout=stdout, stderr=stderr, user=user, group=group,
+        tmpdir=tmpdir, check=check)
+    result, _ = execute(prepare(cmd, shell, options), started)
+    if options.check:
+        result.check()
+    return result
 
-    # ---- caller bugs: raised before anything is spawned -------------------------
-    if isinstance(shell, str):
-        shell_prog: str | None = shell or None
-    elif isinstance(shell, bool):
-        shell_prog = "/bin/sh" if shell else None
-    else:
-        raise TypeError(f"shell must be a bool or a program name, not {type(shell).__name__}")
-    if isinstance(cmd, str):
-        if shell_prog is None:
-            raise ValueError("a string command needs shell=True or shell='bash'; "
-                             "pass an argument vector to run without a shell")
-        raw_args = [shell_prog.encode("utf-8", "surrogateescape"), b"-c",
-                    cmd.encode("utf-8", "surrogateescape")]
-    elif isinstance(cmd, (bytes, bytearray, memoryview)):
-        raise TypeError("cmd must be a str (with a shell) or a sequence of arguments, not bytes")
-    elif isinstance(cmd, Sequence) or hasattr(cmd, "__iter__"):
-        if shell_prog is not None:
-            raise ValueError("an argument vector runs without a shell: "
-                             "pass a string to run it with shell=")
-        raw_args = [_entry(a, f"cmd[{i}]") for i, a in enumerate(cmd)]
-        if not raw_args:
-            raise ValueError("cmd is an empty argument vector")
-    else:
-        raise TypeError(f"cmd must be a str or a sequence, not {type(cmd).__name__}")
 
-    timeout_s = _seconds("timeout", timeout, allow_none=True)
-    kill_grace_s = _seconds("kill_grace", kill_grace, allow_none=False)
-    drain_grace_s = _seconds("drain_grace", drain_grace, allow_none=False)
-    if max_output is not None:
-        if isinstance(max_output, bool) or not isinstance(max_output, int):
-            raise TypeError(f"max_output must be an int or None, not {type(max_output).__name__}")
-        if max_output < 0:
-            raise ValueError(f"max_output must be >= 0, not {max_output}")
-    if on_overflow not in ("truncate", "kill"):
-        raise ValueError(f"on_overflow must be 'truncate' or 'kill', not {on_overflow!r}")
-    if env_mode not in ("merge", "replace"):
-        raise ValueError(f"env_mode must be 'merge' or 'replace', not {env_mode!r}")
-    if stdin is None:
-        payload = b""
-    elif isinstance(stdin, str):
-        payload = stdin.encode("utf-8")
-    elif isinstance(stdin, (bytes, bytearray, memoryview)):
-        payload = bytes(stdin)
-    else:
-        raise TypeError(f"stdin must be bytes, str or None, not {type(stdin).__name__}")
-    cwd_b: bytes | None = None
-    if cwd is not None:
-        cwd_b = _entry(cwd, "cwd")
-    if env is not None and not isinstance(env, Mapping):
-        raise TypeError(f"env must be a mapping or None, not {type(env).__name__}")
-    env_items: list[tuple[bytes, bytes | None]] = []
-    for k, v in (env or {}).items():
-        kb = _entry(k, "env key")
-        vb = None if v is None else _entry(v, f"env[{k!r}]")
-        env_items.append((kb, vb))
-    if cancel is not None and not isinstance(cancel, Cancel):
-        raise TypeError(f"cancel must be a boundedproc.Cancel, not {type(cancel).__name__}")
-    if cancel is not None and cancel.fileno() < 0:
-        raise ValueError("cancel was closed")
-    if limits is not None and not isinstance(limits, Limits):
-        raise TypeError(f"limits must be a boundedproc.Limits, not {type(limits).__name__}")
-    if contain is not None and not isinstance(contain, bool):
-        raise TypeError(f"contain must be a bool or None, not {type(contain).__name__}")
-    if contain and not _native.CONTAIN_SUPPORTED:
-        raise ValueError("contain=True needs Linux (x86_64 or aarch64) with "
-                         "PR_SET_CHILD_SUBREAPER; pass contain=None to contain where supported")
-    contained = _native.CONTAIN_SUPPORTED if contain is None else contain
+_SUBPROCESS_KEYWORDS = {
+    "input": "stdin= (a payload: bytes or str)",
+    "capture_output": "nothing: output is captured by default (stdout=CAPTURE)",
+    "universal_newlines": "text=True",
+    "encoding": "text=True (always UTF-8 with errors='replace')",
+    "errors": "text=True (always UTF-8 with errors='replace')",
+    "start_new_session": "nothing: every run leads a new session",
+    "preexec_fn": "nothing: no Python code runs in the child (see limits=, user=, group=)",
+    "close_fds": "nothing: the child always gets fds 0-2 only",
+    "executable": "cmd[0] (looked up on the child's PATH)",
+    "bufsize": "nothing: output is read as it arrives",
+    "pass_fds": "nothing: the child gets fds 0-2 only",
+    "process_group": "nothing: every run leads its own group",
+    "extra_groups": "user= (its groups are set) or group=",
+}
 
-    # ---- content that cannot reach a process: returned, not raised ------------
-    also_cancel = ALSO_CANCEL.get()
-    if (cancel is not None and cancel.cancelled) or (also_cancel is not None
-                                                     and also_cancel.cancelled):
-        return _not_spawned(raw_args, "cancelled before spawn", started, payload, cancelled=True)
-    for i, a in enumerate(raw_args):
-        if b"\0" in a:
-            return _not_spawned(raw_args, f"argument {i} contains a NUL byte", started, payload)
-    if cwd_b is not None and b"\0" in cwd_b:
-        return _not_spawned(raw_args, "cwd contains a NUL byte", started, payload)
 
-    envp: list[bytes] | None
-    child_path: bytes | None
-    if env_mode == "merge" and not env_items:
-        envp = None  # the caller's environment, as it is
-        child_path = os.environb.get(b"PATH")
-    else:
-        merged: dict[bytes, bytes] = dict(os.environb) if env_mode == "merge" else {}
-        for kb, vb in env_items:
-            if not kb or b"=" in kb or b"\0" in kb:
-                return _not_spawned(
-                    raw_args, f"environment variable name {_text_arg(kb)!r} is empty or "
-                    "contains '=' or a NUL byte", started, payload)
-            if vb is None:
-                merged.pop(kb, None)
-            elif b"\0" in vb:
-                return _not_spawned(
-                    raw_args, f"environment variable {_text_arg(kb)!r} contains a NUL byte",
-                    started, payload)
-            else:
-                merged[kb] = vb
-        envp = [k + b"=" + v for k, v in merged.items()]
-        child_path = merged.get(b"PATH")
+def _unknown_keyword(unknown: Mapping[str, object]) -> TypeError:
+    name = min(unknown)
+    hint = _SUBPROCESS_KEYWORDS.get(name)
+    if hint is not None:
+        return TypeError(f"run() got subprocess's keyword {name!r}: boundedproc uses {hint}")
+    return TypeError(f"run() got an unexpected keyword argument {name!r}")
 
-    soft, hard = limits._native() if limits is not None else _NO_LIMITS
-    spec = _native.NativeSpec(
-        argv=raw_args,
-        exec_paths=_exec_paths(raw_args[0], child_path),
-        envp=envp,
-        cwd=cwd_b,
-        stdin=payload,
-        timeout_ns=_ns(timeout_s),
-        max_output=-1 if max_output is None else min(max_output, 2**63 - 1),
-        overflow_kill=on_overflow == "kill",
-        merge_stderr=bool(merge_stderr),
-        cancel_fd=-1 if cancel is None else cancel.fileno(),
-        cancel_fd2=-1 if also_cancel is None else also_cancel.fileno(),
-        kill_grace_ns=_ns(kill_grace_s),
-        drain_grace_ns=_ns(drain_grace_s),
-        rlimits_soft=soft,
-        rlimits_hard=hard,
-        contain=contained,
+
+def _make(text: bool, stdout: bytes, stderr: bytes, **fields: Any) -> AnyResult:
+    """A ``Result[str]`` (decoded as UTF-8, errors replaced) or a ``Result[bytes]``."""
+    if text:
+        return Result(stdout=stdout.decode("utf-8", "replace"),
+                      stderr=stderr.decode("utf-8", "replace"), **fields)
+    return Result(stdout=stdout, stderr=stderr, **fields)
+
+
+def _not_spawned(prepared: Prepared, started: float) -> AnyResult:
+    return _make(
+        prepared.options.text, b"", b"",
+        args=tuple(text_arg(a) for a in prepared.args),
+        exit_code=(_native.CANCEL_EXIT_CODE if prepared.cancelled
+                   else _native.SPAWN_FAILURE_EXIT_CODE),
+        cancelled=prepared.cancelled,
+        spawned=False,
+        stdin_delivered=not prepared.options.payload,
+        runner_error=None if prepared.cancelled else f"not spawned: {prepared.not_spawned}",
+        duration=time.monotonic() - started,
     )
-    out = _native.execute(spec)
-    if contain is None and contained and _native.containment_refused(out):
-        # A sandbox that refuses the supervisor's clone, signalfd or prctl
-        # (seccomp, gVisor): containment was only "where supported", so run
-        # uncontained, now and from here on, rather than fail every run.
-        _native.CONTAIN_SUPPORTED = False
-        out = _native.execute(dataclasses.replace(spec, contain=False))
-    return _to_result(out, raw_args, cwd_b, len(payload), text, started)
 
 
 def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes | None,
                   payload_len: int) -> str | None:
+    if out.runner_failure:
+        return f"runner failed: {out.runner_failure}"
     if out.err_stage:
         name = _native.errno_name(out.err_errno)
         stage = _native.stage_name(out.err_stage)
         why = os.strerror(out.err_errno)
         if stage == "chdir":
-            target = f"cwd {_text_arg(cwd or b'')!r}"
+            target = f"cwd {text_arg(cwd or b'')!r}"
         elif stage == "execve":
-            target = f"program {_text_arg(args[0])!r}"
+            target = f"program {text_arg(args[0])!r}"
         else:
-            target = f"{stage} for {_text_arg(args[0])!r}"
-        return f"spawn failed: {name} ({why}): {target}"
+            target = f"{stage} for {text_arg(args[0])!r}"
+        prefix = "runner failed" if out.spawned else "spawn failed"
+        return f"{prefix}: {name} ({why}): {target}"
     if out.spawned and not out.stdin_delivered:
         return (f"stdin not delivered: {out.stdin_written} of {payload_len} bytes written "
                 "before the command stopped reading")
     return None
 
 
-def _to_result(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes | None,
-               payload_len: int, text: bool, started: float) -> Result:
-    stdout: bytes | str = out.stdout
-    stderr: bytes | str = out.stderr
-    if text:
-        stdout = out.stdout.decode("utf-8", "replace")
-        stderr = out.stderr.decode("utf-8", "replace")
-    return Result(
-        args=tuple(_text_arg(a) for a in args),
+def _to_result(out: _native.NativeOutcome, prepared: Prepared, started: float) -> AnyResult:
+    opts = prepared.options
+    return _make(
+        opts.text, out.stdout, out.stderr,
+        args=tuple(text_arg(a) for a in prepared.args),
         exit_code=out.exit_code,
-        stdout=stdout,
-        stderr=stderr,
         timed_out=out.timed_out,
         cancelled=out.cancelled,
         output_truncated=out.output_truncated,
         escaped=out.escaped or out.unkilled > 0,
         spawned=out.spawned,
         stdin_delivered=out.stdin_delivered,
-        runner_error=_runner_error(out, args, cwd, payload_len),
+        runner_error=_runner_error(out, prepared.args, opts.cwd, len(opts.payload)),
         term_signal=out.term_signal or None,
         pid=out.pid if out.spawned else None,
         duration=time.monotonic() - started,
@@ -481,4 +377,8 @@ def _to_result(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes | N
         user_time=out.user_time,
         system_time=out.system_time,
         max_rss=out.max_rss,
+        stdout_omitted=out.stdout_omitted,
+        stderr_omitted=out.stderr_omitted,
+        stdout_gap=out.stdout_gap,
+        stderr_gap=out.stderr_gap,
     )

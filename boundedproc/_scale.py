@@ -61,8 +61,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from boundedproc._cancel import ALSO_CANCEL, Cancel
+from boundedproc._command import Command
 from boundedproc._result import Result
-from boundedproc._run import ALSO_CANCEL, Cancel, Command, run
+from boundedproc._run import run
 
 __all__ = ["ASYNC_MAX_THREADS", "run_async", "run_many"]
 

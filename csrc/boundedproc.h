@@ -59,6 +59,11 @@
 #define BP_STAGE_PRCTL 16
 #define BP_STAGE_SUPERVISOR 17
 
+/* What max_output keeps; bp_spec.keep. */
+#define BP_KEEP_HEAD 0
+#define BP_KEEP_TAIL 1
+#define BP_KEEP_HEAD_TAIL 2
+
 /* Streams for bp_take_output(). */
 #define BP_STDOUT 1
 #define BP_STDERR 2
@@ -87,11 +92,19 @@ struct bp_spec {
     int64_t timeout_ns;           /* < 0: no deadline */
     int64_t max_output;           /* < 0: no cap; counts stdout and stderr together */
     int overflow_kill;            /* past the cap: 0 discard and go on, 1 kill the group */
+    int keep;                     /* BP_KEEP_*: which bytes the cap keeps */
     int merge_stderr;             /* child's stderr is its stdout pipe */
     int cancel_fd;                /* readable means cancelled; -1: none */
     int cancel_fd2;               /* a second one (e.g. the awaiting task's); -1: none */
     int wake_fd;                  /* readable means return BP_AGAIN; -1: none */
-    int64_t kill_grace_ns;        /* SIGTERM, then SIGKILL after this; 0: SIGKILL at once */
+    int64_t kill_grace_ns;        /* first_signal, then SIGKILL after this; 0: SIGKILL at once;
+                                     < 0: never SIGKILL before the leader exits */
+    int first_signal;             /* sent when the run ends and kill_grace_ns != 0 (SIGTERM) */
+    int new_session;              /* 1: the leader setsid()s and the group is signalled;
+                                     0: it stays in our group and only it is signalled */
+    int stdin_fd;                 /* -1: a pipe carrying stdin_data; else the child's fd 0 */
+    int stdout_fd;                /* -1: captured through a pipe; else the child's fd 1 */
+    int stderr_fd;                /* -1: captured (stdout's pipe with merge_stderr); else fd 2 */
     int64_t drain_grace_ns;       /* after the reap, read pipes at most this long */
     int exit_watch;               /* BP_WATCH_*: AUTO picks pidfd where the kernel has it */
     int contain;                  /* 1: start the command under the containment supervisor */
@@ -123,6 +136,10 @@ struct bp_result {
     int64_t max_rss;              /* bytes */
     int exit_watch;               /* BP_WATCH_* actually used */
     int unkilled;                 /* contained run: adopted processes that could not be killed */
+    uint64_t stdout_read;         /* bytes read from each stream, kept or not */
+    uint64_t stderr_read;
+    int64_t stdout_gap;           /* index in the kept bytes where omitted ones were; -1: none */
+    int64_t stderr_gap;
 };
 
 struct bp_run;
@@ -130,6 +147,7 @@ struct bp_run;
 const char *bp_version(void);
 int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_run **out);
 int bp_wait(struct bp_run *run);
+int bp_signal(struct bp_run *run, int sig);
 void bp_abort(struct bp_run *run);
 int bp_take_output(struct bp_run *run, int stream, unsigned char *dest, size_t len);
 void bp_free(struct bp_run *run);

@@ -32,6 +32,7 @@ struct bp_stream {
     unsigned char *buf;     /* kept bytes */
     size_t len;
     size_t cap;
+    uint64_t read;          /* every byte read from this stream, kept or not */
     int mapped;             /* buf came from mmap (Linux), not malloc */
     size_t lead;            /* mapped: buf - mapping start (the page offset asked for) */
     size_t populated;       /* mapped: bytes from buf already faulted in */
@@ -80,6 +81,10 @@ int bp__spawn(struct bp_run *run);
 /* contain.c */
 pid_t bp__contain_clone(const struct bp_spec *spec, char *const *envp, int in_r, int out_w,
                         int err_w, int ctl, int st, void **region, size_t *region_len);
+
+/* output.c */
+int bp__read_stream(struct bp_run *run, struct bp_stream *s);
+void bp__stream_release(struct bp_stream *s);
 
 /* loop.c */
 int64_t bp__now_ns(void);

@@ -214,9 +214,9 @@ BP_RAW_FN int leader_main(void *arg)
         if (sig != SIGKILL && sig != SIGSTOP)
             (void)bp_sys4(SYS_rt_sigaction, sig, &dfl, 0, 8);
 
-    if ((rc = bp_sys0(SYS_setsid)) < 0)
+    if (spec->new_session && (rc = bp_sys0(SYS_setsid)) < 0)
         leader_fail(c, BP_STAGE_SETSID, rc);
-    int err_target = spec->merge_stderr ? c->out_w : c->err_w;
+    int err_target = c->err_w;
     if ((rc = bp_sys3(SYS_dup3, c->in_r, 0, 0)) < 0 || (rc = bp_sys3(SYS_dup3, c->out_w, 1, 0)) < 0
         || (rc = bp_sys3(SYS_dup3, err_target, 2, 0)) < 0)
         leader_fail(c, BP_STAGE_DUP, rc);
@@ -399,11 +399,11 @@ BP_RAW_FN long list_children(int self, int skip, int *out, long cap)
 /* One round: signal the leader's group (while it is unreaped) and every
  * adopted child and its group; reap the adopted ones that have died.
  * Returns how many adopted children there were. */
-BP_RAW_FN long signal_round(int self, int leader, int leader_reaped, int sig)
+BP_RAW_FN long signal_round(int self, int leader, int group, int leader_reaped, int sig)
 {
     int kids[MAX_KIDS];
     if (!leader_reaped)
-        (void)bp_sys2(SYS_kill, -leader, sig);
+        (void)bp_sys2(SYS_kill, group ? -leader : leader, sig);
     long n = list_children(self, leader, kids, MAX_KIDS);
     for (long i = 0; i < n; i++) {
         /* Each is our unreaped child: its pid, and its group id when it
@@ -429,9 +429,9 @@ BP_RAW_FN int finish(const struct bp_contain_ctx *c, int self, int leader, int a
     m.pid = leader;
 
     if (alone)
-        (void)bp_sys2(SYS_kill, -leader, SIGKILL);  /* an empty group: harmless, and the rule */
+        (void)bp_sys2(SYS_kill, c->spec->new_session ? -leader : leader, SIGKILL);
     else
-        (void)signal_round(self, leader, 0, SIGKILL);
+        (void)signal_round(self, leader, c->spec->new_session, 0, SIGKILL);
     int status = 0;
     struct rusage ru;
     r_zero(&ru, sizeof ru);
@@ -447,7 +447,7 @@ BP_RAW_FN int finish(const struct bp_contain_ctx *c, int self, int leader, int a
     int64_t until = r_now_ns() + KILL_BUDGET_NS;
     long left = 0;
     for (int round = 0; !alone; round++) {
-        left = signal_round(self, leader, 1, SIGKILL);
+        left = signal_round(self, leader, c->spec->new_session, 1, SIGKILL);
         while (bp_sys4(SYS_wait4, -1, 0, WNOHANG, 0) > 0)
             ;
         if (left == 0 || r_now_ns() > until)
@@ -572,8 +572,15 @@ BP_RAW_FN int supervisor_main(void *arg)
                 continue;
             if (rc <= 0 || ch == 'K')
                 return finish(c, self, (int)leader, 0);
-            if (ch == 'T')
-                (void)signal_round(self, (int)leader, 0, SIGTERM);
+            if (ch == 'S') {
+                char sig = 0;
+                do {
+                    rc = bp_sys6(SYS_recvfrom, c->ctl, (long)&sig, 1, 0, 0, 0);
+                } while (rc == -EINTR);
+                if (rc <= 0)
+                    return finish(c, self, (int)leader, 0);
+                (void)signal_round(self, (int)leader, c->spec->new_session, 0, (int)sig);
+            }
         }
     }
 }

@@ -21,7 +21,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Send sig to the run's process group, only while the leader is unreaped. */
+/* Send sig to the run's process group (to the leader alone when it shares
+ * our group), only while the leader is unreaped. */
 void bp__signal_group(struct bp_run *run, int sig)
 {
     if (run->pid <= 0 || run->reaped)
@@ -30,14 +31,15 @@ void bp__signal_group(struct bp_run *run, int sig)
         run->sigkill_sent = 1;
     if (run->sup_pid > 0) {
         /* The supervisor holds the leader unreaped and signals for us. */
-        char c = sig == SIGKILL ? 'K' : 'T';
+        char c[2] = {sig == SIGKILL ? 'K' : 'S', (char)sig};
+        size_t len = sig == SIGKILL ? 1 : 2;
         ssize_t n;
         do {
-            n = send(run->ctl_fd, &c, 1, MSG_NOSIGNAL);
+            n = send(run->ctl_fd, c, len, MSG_NOSIGNAL);
         } while (n < 0 && errno == EINTR);
         return;
     }
-    (void)kill(-run->pid, sig);
+    (void)kill(run->spec->new_session ? -run->pid : run->pid, sig);
 }
 
 static void record_status(struct bp_result *res, int status)
@@ -165,6 +167,10 @@ void bp__finish_result(struct bp_run *run)
     struct bp_result *res = run->res;
     res->stdout_len = run->out.len;
     res->stderr_len = run->err.len;
+    res->stdout_read = run->out.read;
+    res->stderr_read = run->err.read;
+    res->stdout_gap = run->out.read > run->out.len ? (int64_t)run->out.len : -1;
+    res->stderr_gap = run->err.read > run->err.len ? (int64_t)run->err.len : -1;
     if (!res->spawned)
         return;
     switch (res->end_reason) {

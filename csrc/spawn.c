@@ -160,11 +160,10 @@ __attribute__((noreturn, noinline)) static void child_main(const struct child_ct
      * vfork), so no handler can run in this borrowed address space. */
     bp_child_default_signals();
 
-    if (setsid() < 0)
+    if (spec->new_session && setsid() < 0)
         child_fail(efd, BP_STAGE_SETSID, errno);
 
-    int err_target = spec->merge_stderr ? c->out_w : c->err_w;
-    if (dup2(c->in_r, 0) < 0 || dup2(c->out_w, 1) < 0 || dup2(err_target, 2) < 0)
+    if (dup2(c->in_r, 0) < 0 || dup2(c->out_w, 1) < 0 || dup2(c->err_w, 2) < 0)
         child_fail(efd, BP_STAGE_DUP, errno);
 
     bp_child_close_fds(efd);
@@ -294,17 +293,54 @@ static void read_spawn_report(int st, pid_t *leader, int *stage, int *err)
  * run->out.fd, run->err.fd are set; for a contained run also run->sup_pid,
  * run->ctl_fd, run->exit_fd (the supervisor's status socket) and its region.
  */
+/* A close-on-exec copy of a caller's fd, above stdio, for the child's end of
+ * one standard stream: the caller's fd itself is never touched. */
+static int dup_for_child(int fd)
+{
+    return fcntl(fd, F_DUPFD_CLOEXEC, 3);
+}
+
 int bp__spawn(struct bp_run *run)
 {
     const struct bp_spec *spec = run->spec;
     int in_p[2] = {-1, -1}, out_p[2] = {-1, -1}, err_p[2] = {-1, -1}, ep[2] = {-1, -1};
     int ctl[2] = {-1, -1}, st[2] = {-1, -1};
     int contained = spec->contain != 0;
+    int stage = BP_STAGE_PIPE;
 
-    if (make_pipe(in_p) < 0 || make_pipe(out_p) < 0
-        || (!spec->merge_stderr && make_pipe(err_p) < 0)
-        || (!contained && make_pipe(ep) < 0)
-        || (contained && (make_socketpair(ctl) < 0 || make_socketpair(st) < 0))) {
+    /* The child's ends: a pipe (captured, or stdin's payload) or a copy of
+     * the fd the caller gave.  A bad fd is the command's spawn failure. */
+    int ok = 1;
+    if (spec->stdin_fd >= 0) {
+        if ((in_p[0] = dup_for_child(spec->stdin_fd)) < 0) {
+            ok = 0;
+            stage = BP_STAGE_DUP;
+        }
+    } else if (make_pipe(in_p) < 0) {
+        ok = 0;
+    }
+    if (ok && spec->stdout_fd >= 0) {
+        if ((out_p[1] = dup_for_child(spec->stdout_fd)) < 0) {
+            ok = 0;
+            stage = BP_STAGE_DUP;
+        }
+    } else if (ok && make_pipe(out_p) < 0) {
+        ok = 0;
+    }
+    if (ok && spec->stderr_fd >= 0) {
+        if ((err_p[1] = dup_for_child(spec->stderr_fd)) < 0) {
+            ok = 0;
+            stage = BP_STAGE_DUP;
+        }
+    } else if (ok && !spec->merge_stderr && make_pipe(err_p) < 0) {
+        ok = 0;
+    }
+    if (ok && ((!contained && make_pipe(ep) < 0)
+               || (contained && (make_socketpair(ctl) < 0 || make_socketpair(st) < 0)))) {
+        ok = 0;
+        stage = BP_STAGE_PIPE;
+    }
+    if (!ok) {
         int e = errno;
         close_pair(in_p);
         close_pair(out_p);
@@ -312,14 +348,15 @@ int bp__spawn(struct bp_run *run)
         close_pair(ep);
         close_pair(ctl);
         close_pair(st);
-        spawn_failed(run, BP_STAGE_PIPE, e);
+        spawn_failed(run, stage, e);
         return 0;
     }
 #if defined(__linux__) && defined(F_SETPIPE_SZ)
     /* A larger pipe means fewer wakeups per megabyte; refusal is harmless. */
-    (void)fcntl(out_p[0], F_SETPIPE_SZ, 1 << 20);
+    if (out_p[0] >= 0)
+        (void)fcntl(out_p[0], F_SETPIPE_SZ, 1 << 20);
 #endif
-    int err_w = spec->merge_stderr ? out_p[1] : err_p[1];
+    int err_w = spec->stderr_fd >= 0 || !spec->merge_stderr ? err_p[1] : out_p[1];
 
     int fork_errno = 0;
     pid_t pid;
@@ -357,7 +394,8 @@ int bp__spawn(struct bp_run *run)
         return 0;
     }
 
-    int stage = 0, err = 0;
+    int err = 0;
+    stage = 0;
     pid_t leader = pid;
     if (contained) {
         read_spawn_report(st[0], &leader, &stage, &err);
@@ -395,8 +433,10 @@ int bp__spawn(struct bp_run *run)
     run->stdin_fd = in_p[1];
     run->out.fd = out_p[0];
     run->err.fd = err_p[0];
-    (void)set_nonblock(run->stdin_fd);
-    (void)set_nonblock(run->out.fd);
+    if (run->stdin_fd >= 0)
+        (void)set_nonblock(run->stdin_fd);
+    if (run->out.fd >= 0)
+        (void)set_nonblock(run->out.fd);
     if (run->err.fd >= 0)
         (void)set_nonblock(run->err.fd);
     if (contained) {

@@ -226,28 +226,3 @@ def test_fork_bomb_under_limits_leaves_nothing(reaper: list[int]) -> None:
     reaper.extend(left)
     if _native.CONTAIN_SUPPORTED:
         assert left == []
-
-
-def test_refused_containment_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A sandbox refusing the supervisor's clone: default runs go on uncontained."""
-    import dataclasses
-
-    real = _native.execute
-    calls: list[bool] = []
-
-    def refusing(spec: _native.NativeSpec) -> _native.NativeOutcome:
-        calls.append(spec.contain)
-        out = real(dataclasses.replace(spec, contain=False))
-        if spec.contain:  # what a seccomp'd clone(CLONE_VM) gives
-            return dataclasses.replace(out, spawned=False, err_stage=_native.lib.BP_STAGE_FORK,
-                                       err_errno=__import__("errno").EPERM)
-        return out
-
-    monkeypatch.setattr(_native, "CONTAIN_SUPPORTED", True)
-    monkeypatch.setattr(_native, "execute", refusing)
-    r = run(["echo", "hi"])
-    assert r.ok and r.stdout == b"hi\n"
-    assert calls == [True, False] and _native.CONTAIN_SUPPORTED is False
-    assert run(["echo", "again"]).stdout == b"again\n" and calls[-1] is False
-    with pytest.raises(ValueError):
-        run(["true"], contain=True)  # asked for explicitly: not silently dropped

@@ -1,0 +1,87 @@
+"""``Cancel``: a switch that ends the runs watching it."""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from typing import TypeVar
+
+__all__ = ["ALSO_CANCEL", "Cancel"]
+
+
+_C = TypeVar("_C", bound="Cancel")
+
+
+class Cancel:
+    """A cancel switch that one or many runs watch.
+
+    ``cancel()`` is thread-safe, idempotent and safe to call from a signal
+    handler: it sets a flag and writes one byte to a pipe whose read end every
+    run watching this switch has in its poll set.  The byte is never consumed,
+    so the switch stays set.
+    """
+
+    __slots__ = ("__weakref__", "_r", "_set", "_w")
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._w, False)
+        self._set = False
+
+    def cancel(self) -> None:
+        """Cancel every run watching this switch, now and later."""
+        if self._set:
+            return
+        self._set = True
+        try:
+            os.write(self._w, b"x")
+        except OSError:  # the pipe is full (it cannot be) or already closed
+            pass
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether ``cancel()`` was called."""
+        return self._set
+
+    def fileno(self) -> int:
+        """The fd that becomes readable once cancelled (for event loops)."""
+        return self._r
+
+    def __reduce__(self) -> str | tuple[object, ...]:
+        # Its fds mean nothing in another process, and a copy's __del__ would
+        # close whatever holds those numbers there.
+        raise TypeError("a Cancel belongs to one process and cannot be pickled")
+
+    def close(self) -> None:
+        """Release the switch's two fds now (else when it is garbage-collected).
+
+        Runs watching it must be over; a closed switch must not be passed to
+        a run again.
+        """
+        for name in ("_r", "_w"):
+            fd = getattr(self, name, -1)
+            if fd >= 0:
+                setattr(self, name, -1)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def __enter__(self: _C) -> _C:  # noqa: PYI019 - typing.Self needs 3.11
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Cancel(cancelled={self._set})"
+
+
+# A second switch a run also watches, set only by boundedproc's own wrappers
+# (run_async's task cancellation) so that a caller's shared Cancel is never set
+# on their behalf.
+ALSO_CANCEL: contextvars.ContextVar[Cancel | None] = contextvars.ContextVar(
+    "boundedproc_also_cancel", default=None)

@@ -1,0 +1,121 @@
+"""The command of a run: its argument vector, its program's candidates, its environment.
+
+Caller bugs (a string without a shell, a vector with one, wrong types) raise;
+content that cannot reach a process (a NUL byte, a bad variable name) comes
+back as a ``NotSpawned`` reason, which ``run()`` turns into a result.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Union
+
+from boundedproc._options import entry
+
+__all__ = ["Command", "NotSpawned", "argv_of", "environment", "exec_paths", "text_arg"]
+
+StrOrBytesPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+Command = Union[str, Sequence[StrOrBytesPath]]  # noqa: UP007 - string forward refs inside
+
+
+@dataclass(frozen=True, slots=True)
+class NotSpawned:
+    """Why a command cannot reach a process (the text after ``not spawned: ``)."""
+
+    why: str
+
+
+def text_arg(value: bytes) -> str:
+    """An argv entry as ``str``, undecodable bytes kept with surrogateescape."""
+    return value.decode("utf-8", "surrogateescape")
+
+
+def argv_of(cmd: object, shell: object) -> list[bytes]:
+    """The argument vector to execute for ``cmd`` and ``shell``.
+
+    Raises:
+        TypeError: ``cmd`` or ``shell`` of the wrong type.
+        ValueError: a string without a shell, a vector with one, an empty vector.
+    """
+    if isinstance(shell, str):
+        shell_prog: str | None = shell or None
+    elif isinstance(shell, bool):
+        shell_prog = "/bin/sh" if shell else None
+    else:
+        raise TypeError(f"shell must be a bool or a program name, not {type(shell).__name__}")
+    if isinstance(cmd, str):
+        if shell_prog is None:
+            raise ValueError("a string command needs shell=True or shell='bash'; "
+                             "pass an argument vector to run without a shell")
+        return [shell_prog.encode("utf-8", "surrogateescape"), b"-c",
+                cmd.encode("utf-8", "surrogateescape")]
+    if isinstance(cmd, (bytes, bytearray, memoryview)):
+        raise TypeError("cmd must be a str (with a shell) or a sequence of arguments, not bytes")
+    if isinstance(cmd, Sequence) or hasattr(cmd, "__iter__"):
+        if shell_prog is not None:
+            raise ValueError("an argument vector runs without a shell: "
+                             "pass a string to run it with shell=")
+        args = [entry(a, f"cmd[{i}]") for i, a in enumerate(cmd)]
+        if not args:
+            raise ValueError("cmd is an empty argument vector")
+        return args
+    raise TypeError(f"cmd must be a str or a sequence, not {type(cmd).__name__}")
+
+
+def check_content(args: Sequence[bytes], cwd: bytes | None) -> NotSpawned | None:
+    """A reason when an argument or the cwd cannot reach a process (a NUL byte)."""
+    for i, a in enumerate(args):
+        if b"\0" in a:
+            return NotSpawned(f"argument {i} contains a NUL byte")
+    if cwd is not None and b"\0" in cwd:
+        return NotSpawned("cwd contains a NUL byte")
+    return None
+
+
+def env_items(env: Mapping[str, str | None] | None) -> list[tuple[bytes, bytes | None]]:
+    """``env``'s entries as bytes (``None``: remove).
+
+    Raises:
+        TypeError: a key or value of the wrong type.
+    """
+    items: list[tuple[bytes, bytes | None]] = []
+    for k, v in (env or {}).items():
+        kb = entry(k, "env key")
+        items.append((kb, None if v is None else entry(v, f"env[{k!r}]")))
+    return items
+
+
+def environment(items: Sequence[tuple[bytes, bytes | None]],
+                mode: str) -> tuple[list[bytes], bytes | None] | NotSpawned:
+    """The child's whole environment (``KEY=VALUE`` entries) and its ``PATH``.
+
+    It is always a snapshot the core owns: the caller's live ``environ`` is
+    never handed to the child, since another thread may be editing it (Python
+    reallocates the array under ``os.environ[...] = ...``).  ``os.environb`` is
+    copied whole in one step under the GIL.
+    """
+    merged: dict[bytes, bytes] = dict(os.environb) if mode == "merge" else {}
+    for kb, vb in items:
+        if not kb or b"=" in kb or b"\0" in kb:
+            return NotSpawned(f"environment variable name {text_arg(kb)!r} is empty or "
+                              "contains '=' or a NUL byte")
+        if vb is None:
+            merged.pop(kb, None)
+        elif b"\0" in vb:
+            return NotSpawned(f"environment variable {text_arg(kb)!r} contains a NUL byte")
+        else:
+            merged[kb] = vb
+    return [k + b"=" + v for k, v in merged.items()], merged.get(b"PATH")
+
+
+def exec_paths(program: bytes, path: bytes | None) -> list[bytes]:
+    """Candidates for execve, as execvp would try them (POSIX PATH rules)."""
+    if b"/" in program:
+        return [program]
+    if not program:
+        return []
+    search = path if path is not None else os.defpath.encode()
+    # An empty PATH entry means the current directory, as POSIX says.
+    return [(d or b".") + b"/" + program for d in search.split(b":")]
