@@ -112,6 +112,9 @@ CONTAIN_SUPPORTED: bool = bool(lib.bp_contain_supported())
 """Whether contained runs are available (x86_64/aarch64 Linux with a subreaper)."""
 
 
+FD_CLOSED: int = lib.BP_FD_CLOSED
+
+
 def contain_default() -> bool:
     """Whether ``contain=None`` means a contained run here, now."""
     return CONTAIN_SUPPORTED
@@ -230,6 +233,7 @@ class NativeOutcome:
     stderr_omitted: int
     stdout_gap: int | None
     stderr_gap: int | None
+    raw_exit_code: int = -1  # the leader's own status before SPEC 2.4's rules; -1 unknown
     runner_failure: str | None = None  # the supervisor's fate, when it failed the run
 
 
@@ -464,4 +468,5 @@ def execute(spec: NativeSpec, *, on_output: object = None,
         stderr_omitted=res.stderr_read - res.stderr_len,
         stdout_gap=None if res.stdout_gap < 0 else res.stdout_gap,
         stderr_gap=None if res.stderr_gap < 0 else res.stderr_gap,
+        raw_exit_code=res.raw_exit_code,
     )

@@ -53,6 +53,10 @@ def _child_fd(code: int, inherit: int) -> int:
     if code == -2:
         return _devnull()
     if code == -3:
+        try:
+            os.fstat(inherit)
+        except OSError:  # the caller's own is closed: so is the child's
+            return _native.FD_CLOSED
         return inherit
     return code
 

@@ -59,6 +59,10 @@
 #define BP_STAGE_PRCTL 16
 #define BP_STAGE_SUPERVISOR 17
 
+/* bp_spec.stdin_fd/stdout_fd/stderr_fd: the child gets that fd closed
+ * (the caller's own was closed and it asked to pass it on). */
+#define BP_FD_CLOSED -4
+
 /* What max_output keeps; bp_spec.keep. */
 #define BP_KEEP_HEAD 0
 #define BP_KEEP_TAIL 1
@@ -138,6 +142,8 @@ struct bp_result {
     int unkilled;                 /* contained run: adopted processes that could not be killed */
     uint64_t stdout_read;         /* bytes read from each stream, kept or not */
     uint64_t stderr_read;
+    int raw_exit_code;            /* the leader's own status (exit code, or 128 + signal),
+                                     before the rules of SPEC 2.4 replace it; -1: unknown */
     int64_t stdout_gap;           /* index in the kept bytes where omitted ones were; -1: none */
     int64_t stderr_gap;
 };

@@ -35,6 +35,21 @@ static inline void bp_child_default_signals(void)
     }
 }
 
+/* Make in, out, err the child's 0, 1, 2 (each above 2, or -1 for a stream
+ * to leave closed).  Returns 0, or -1 with errno set. */
+static inline int bp_child_stdio(int in, int out, int err)
+{
+    int src[3] = {in, out, err};
+    for (int fd = 0; fd < 3; fd++) {
+        if (src[fd] < 0) {
+            (void)close(fd);
+        } else if (dup2(src[fd], fd) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Leave only 0, 1, 2 and keep (which must be close-on-exec) open across
  * exec: every other fd is marked close-on-exec (or, without close_range,
  * closed). */

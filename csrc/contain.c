@@ -216,10 +216,13 @@ BP_RAW_FN int leader_main(void *arg)
 
     if (spec->new_session && (rc = bp_sys0(SYS_setsid)) < 0)
         leader_fail(c, BP_STAGE_SETSID, rc);
-    int err_target = c->err_w;
-    if ((rc = bp_sys3(SYS_dup3, c->in_r, 0, 0)) < 0 || (rc = bp_sys3(SYS_dup3, c->out_w, 1, 0)) < 0
-        || (rc = bp_sys3(SYS_dup3, err_target, 2, 0)) < 0)
-        leader_fail(c, BP_STAGE_DUP, rc);
+    int src[3] = {c->in_r, c->out_w, c->err_w};
+    for (int fd = 0; fd < 3; fd++) {
+        if (src[fd] < 0)
+            r_close(fd);
+        else if ((rc = bp_sys3(SYS_dup3, src[fd], fd, 0)) < 0)
+            leader_fail(c, BP_STAGE_DUP, rc);
+    }
     if (bp_sys3(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC) < 0) {
         int keep[4] = {0, 1, 2, c->lep_w};  /* the error pipe is close-on-exec */
         r_close_except(keep, 4);

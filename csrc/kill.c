@@ -51,6 +51,7 @@ static void record_status(struct bp_result *res, int status)
         res->term_signal = WTERMSIG(status);
         res->exit_code = 128 + res->term_signal;
     }
+    res->raw_exit_code = res->exit_code;
 }
 
 /* Contained run: have the supervisor kill everything and reap the leader,

@@ -263,6 +263,7 @@ int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_run **
     run->out.fd = run->err.fd = -1;
     run->deadline_ns = -1;
     res->stdin_delivered = spec->stdin_len == 0;
+    res->raw_exit_code = -1;
     *out = run;
 
     bp__spawn(run);

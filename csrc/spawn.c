@@ -163,7 +163,7 @@ __attribute__((noreturn, noinline)) static void child_main(const struct child_ct
     if (spec->new_session && setsid() < 0)
         child_fail(efd, BP_STAGE_SETSID, errno);
 
-    if (dup2(c->in_r, 0) < 0 || dup2(c->out_w, 1) < 0 || dup2(c->err_w, 2) < 0)
+    if (bp_child_stdio(c->in_r, c->out_w, c->err_w) < 0)
         child_fail(efd, BP_STAGE_DUP, errno);
 
     bp_child_close_fds(efd);
@@ -311,7 +311,9 @@ int bp__spawn(struct bp_run *run)
     /* The child's ends: a pipe (captured, or stdin's payload) or a copy of
      * the fd the caller gave.  A bad fd is the command's spawn failure. */
     int ok = 1;
-    if (spec->stdin_fd >= 0) {
+    if (spec->stdin_fd == BP_FD_CLOSED) {
+        /* the child's fd stays closed */
+    } else if (spec->stdin_fd >= 0) {
         if ((in_p[0] = dup_for_child(spec->stdin_fd)) < 0) {
             ok = 0;
             stage = BP_STAGE_DUP;
@@ -319,7 +321,9 @@ int bp__spawn(struct bp_run *run)
     } else if (make_pipe(in_p) < 0) {
         ok = 0;
     }
-    if (ok && spec->stdout_fd >= 0) {
+    if (ok && spec->stdout_fd == BP_FD_CLOSED) {
+        /* the child's fd stays closed */
+    } else if (ok && spec->stdout_fd >= 0) {
         if ((out_p[1] = dup_for_child(spec->stdout_fd)) < 0) {
             ok = 0;
             stage = BP_STAGE_DUP;
@@ -327,7 +331,9 @@ int bp__spawn(struct bp_run *run)
     } else if (ok && make_pipe(out_p) < 0) {
         ok = 0;
     }
-    if (ok && spec->stderr_fd >= 0) {
+    if (ok && spec->stderr_fd == BP_FD_CLOSED) {
+        /* the child's fd stays closed */
+    } else if (ok && spec->stderr_fd >= 0) {
         if ((err_p[1] = dup_for_child(spec->stderr_fd)) < 0) {
             ok = 0;
             stage = BP_STAGE_DUP;
@@ -356,7 +362,8 @@ int bp__spawn(struct bp_run *run)
     if (out_p[0] >= 0)
         (void)fcntl(out_p[0], F_SETPIPE_SZ, 1 << 20);
 #endif
-    int err_w = spec->stderr_fd >= 0 || !spec->merge_stderr ? err_p[1] : out_p[1];
+    int err_w = spec->stderr_fd >= 0 || spec->stderr_fd == BP_FD_CLOSED || !spec->merge_stderr
+                    ? err_p[1] : out_p[1];
 
     int fork_errno = 0;
     pid_t pid;
