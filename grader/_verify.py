@@ -19,6 +19,7 @@ from ._grade import (
     UncheckableClaimError,
     Verdict,
     VerifiedEvidence,
+    _trim,
     assert_gradeable_evidence,
     grade_for,
     note_for,
@@ -152,7 +153,7 @@ def verify_gradeable_evidence(
     if stopped is not None:
         return VerifiedEvidence(accepted, parse, stopped)
     if parse.exit_code != 0:
-        said = f"{parse.stdout}\n{parse.stderr}".strip()
+        said = _trim(f"{parse.stdout}\n{parse.stderr}")
         raise UncheckableClaimError(
             accepted.rung,
             Reason.INVALID_SHELL_SYNTAX,
