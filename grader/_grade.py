@@ -308,7 +308,7 @@ class CheckExecution:
     term_signal: int | None = None
 
     @classmethod
-    def from_result(cls, result: Result) -> CheckExecution:
+    def from_result(cls, result: Result[str] | Result[bytes]) -> CheckExecution:
         """Build the execution ``grade_for`` reads from a ``boundedproc.Result``.
 
         Output captured as bytes is decoded as UTF-8 with replacement characters; ``runner_error``
