@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from boundedproc._version import __version__
@@ -113,6 +113,10 @@ CONTAIN_SUPPORTED: bool = bool(lib.bp_contain_supported())
 
 
 FD_CLOSED: int = lib.BP_FD_CLOSED
+
+KEEP_MODES: dict[str, int] = {"head": lib.BP_KEEP_HEAD, "tail": lib.BP_KEEP_TAIL,
+                              "head+tail": lib.BP_KEEP_HEAD_TAIL}
+"""``keep=`` values as the core's ``BP_KEEP_*``."""
 
 
 def contain_default() -> bool:
@@ -356,13 +360,14 @@ def _take(run: object, stream: int, length: int) -> bytes:
     return out
 
 
-def execute(spec: NativeSpec, *, on_output: object = None,
+def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None = None,
             control: RunControl | None = None) -> NativeOutcome:
     """Spawn and wait for one command.
 
     Args:
         spec: What to run.
-        on_output: ``on_output(stream, chunk)`` for every chunk read.
+        on_output: ``on_output(stream, chunk)`` for every chunk read, called
+            here (the calling thread) right after each read, before the next.
         control: Attached to the run while it is in flight.
 
     Returns:
@@ -406,6 +411,7 @@ def execute(spec: NativeSpec, *, on_output: object = None,
     c.first_signal = spec.first_signal
     c.new_session = int(spec.new_session)
     c.keep = spec.keep
+    c.report_chunks = int(on_output is not None)
     for i in range(NRLIMITS):
         c.rlimits_soft[i] = spec.rlimits_soft[i]
         c.rlimits_hard[i] = spec.rlimits_hard[i]
@@ -424,8 +430,16 @@ def execute(spec: NativeSpec, *, on_output: object = None,
             if control is not None:
                 control._run = run
                 control.pid = res.pid if res.spawned else None
+            chunk = ffi.new("int *"), ffi.new("const unsigned char **"), ffi.new("size_t *")
             while True:
                 rc = lib.bp_wait(run)
+                if rc == lib.BP_CHUNK and on_output is not None:
+                    # The bytes are the core's until the next bp_wait: copy them
+                    # out first.  An exception from the callback unwinds through
+                    # the finally below, which kills and reaps the run.
+                    assert_never_state(lib.bp_chunk(run, *chunk) == 0, "BP_CHUNK without a chunk")
+                    on_output(chunk[0][0], ffi.buffer(chunk[1][0], chunk[2][0])[:])
+                    continue
                 if rc == lib.BP_DONE:
                     break
                 if rc < 0:

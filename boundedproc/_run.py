@@ -126,6 +126,7 @@ def prepare(cmd: object, shell: object, options: Options) -> Prepared:
         stderr_fd=_child_fd(options.stderr_fd, 2),
         first_signal=options.first_signal,
         new_session=options.new_session,
+        keep=_native.KEEP_MODES[options.keep],
     )
     return Prepared(args, options, spec, ids=ids)
 
