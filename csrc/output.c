@@ -560,7 +560,7 @@ static size_t take_ring(struct bp_run *run, int stream, unsigned char *dest)
     size_t out = 0;
     /* Oldest first: [wpos, limit) then [0, wpos) once it wrapped. */
     size_t segs[2][2] = {{t->wrapped ? t->wpos : 0, valid}, {0, t->wrapped ? t->wpos : 0}};
-    size_t block = (size_t)1 << 22;
+    size_t block = (size_t)1 << 20;  /* released in steps this size: the peak stays low */
     for (int k = 0; k < 2; k++) {
         for (size_t b0 = segs[k][0]; b0 < segs[k][1]; b0 += block) {
             size_t b1 = segs[k][1] - b0 < block ? segs[k][1] : b0 + block;
