@@ -214,7 +214,7 @@ static size_t ring_count(const struct bp_run *run, int stream)
 
 /* Make room at t->wpos for the next read of s into the ring (limit bytes
  * when grown): the first time, decide whether it needs its stream bits. */
-static int ring_reserve(struct bp_run *run, struct bp_stream *s, size_t limit, size_t step)
+static int ring_reserve(struct bp_run *run, struct bp_stream *s, size_t limit)
 {
     struct bp_tail *t = &run->output.tail;
     if (!t->started) {
@@ -227,7 +227,7 @@ static int ring_reserve(struct bp_run *run, struct bp_stream *s, size_t limit, s
     }
     if (t->wrapped || t->wpos < t->ring.cap)
         return 0;
-    size_t need = t->wpos + (limit - t->wpos < step ? limit - t->wpos : step);
+    size_t need = t->wpos + (limit - t->wpos < READ_CHUNK ? limit - t->wpos : READ_CHUNK);
     t->ring.len = t->wpos;  /* what stream_reserve preserves */
     if (stream_reserve(&t->ring, need, limit, 0) < 0)
         return -1;
@@ -247,7 +247,10 @@ static int ring_reserve(struct bp_run *run, struct bp_stream *s, size_t limit, s
 
 /* ---- reading -------------------------------------------------------------- */
 
-#define BIG_CHUNK ((size_t)1 << 20)  /* the stdout pipe's size: one read empties it */
+/* Scratch with report_chunks: the stdout pipe's size, so that one read (one chunk)
+ * empties it.  Kept bytes are read straight into buffers that grow by doubling,
+ * so their reads are as large as what the pipe holds, up to PREFAULT_WINDOW. */
+#define BIG_CHUNK ((size_t)1 << 20)
 
 #if defined(__linux__)
 /* Fault the next pages of s in before read(), not inside it: a read that
@@ -293,7 +296,6 @@ static int read_once(struct bp_run *run, struct bp_stream *s)
     const struct bp_spec *spec = run->spec;
     struct bp_result *res = run->res;
     struct bp_output *o = &run->output;
-    size_t step = spec->report_chunks ? BIG_CHUNK : READ_CHUNK;
     size_t room = SIZE_MAX;
     if (spec->max_output >= 0) {
         uint64_t cap = head_budget(spec);
@@ -305,7 +307,7 @@ static int read_once(struct bp_run *run, struct bp_stream *s)
     size_t want;
     int where;
     if (room > 0) {
-        size_t need = s->len + (room < step ? room : step);
+        size_t need = s->len + (room < READ_CHUNK ? room : READ_CHUNK);
         size_t limit = room > SIZE_MAX - s->len ? SIZE_MAX : s->len + room;
         if (stream_reserve(s, need, limit, spec->out_page_offset) < 0)
             return no_memory(res);
@@ -317,7 +319,7 @@ static int read_once(struct bp_run *run, struct bp_stream *s)
         where = TO_HEAD;
     } else if (tlimit > 0) {
         struct bp_tail *t = &o->tail;
-        if (ring_reserve(run, s, tlimit, step) < 0)
+        if (ring_reserve(run, s, tlimit) < 0)
             return no_memory(res);
         size_t end = t->ring.cap < tlimit ? t->ring.cap : tlimit;
         dst = t->ring.buf + t->wpos;
