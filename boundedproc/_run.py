@@ -110,6 +110,7 @@ def prepare(cmd: object, shell: object, options: Options) -> Prepared:
         rlimits_soft=soft,
         rlimits_hard=hard,
         contain=contain,
+        contain_explicit=options.contain is True,
         stdin_fd=_child_fd(options.stdin_fd, 0),
         stdout_fd=_child_fd(options.stdout_fd, 1),
         stderr_fd=_child_fd(options.stderr_fd, 2),
