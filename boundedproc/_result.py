@@ -51,6 +51,12 @@ class Result(Generic[OutputT]):
             (``len(stdout)`` for ``keep="head"``, 0 for ``"tail"``); ``None``
             when nothing was omitted.
         stderr_gap: The same for stderr.
+        cleanup_error: ``None``, or why the run's ``tmpdir`` (``tmpdir=True``)
+            could not be removed whole, as ``tmpdir not removed: ENAME (why):
+            'path'``.  It is the runner's own housekeeping after the command
+            ended, so it changes no other field, not ``runner_error`` and not
+            ``ok``: the command ran as asked, and a grader must not call a
+            check unrunnable because a scratch directory outlived it.
 
     ``user_time`` and ``system_time`` cover the whole run: the leader, the
     descendants it waited for, and, contained, every orphan the supervisor
@@ -80,6 +86,7 @@ class Result(Generic[OutputT]):
     stderr_omitted: int = 0
     stdout_gap: int | None = None
     stderr_gap: int | None = None
+    cleanup_error: str | None = None
 
     @property
     def ok(self) -> bool:

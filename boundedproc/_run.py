@@ -10,12 +10,13 @@ together and turns the core's outcome into a ``Result``.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, overload
 
-from boundedproc import _command, _native
+from boundedproc import _command, _ids, _native, _tmpdir
 from boundedproc._cancel import ALSO_CANCEL, Cancel
 from boundedproc._command import Command, StrOrBytesPath, text_arg
 from boundedproc._options import (
@@ -63,13 +64,20 @@ def _child_fd(code: int, inherit: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A run ready for the core: the spec, and what the result needs to be built."""
+    """A run ready for the core: the spec, and what the result needs to be built.
+
+    ``ids`` are the resolved ``user=``/``group=`` (``_ids.NO_CHANGE`` without
+    them); ``runner_error`` is a whole ``spawn failed: ...`` text for a run
+    refused before the core (an unknown user, a tmpdir that cannot be made).
+    """
 
     args: list[bytes]
     options: Options
     spec: _native.NativeSpec | None
     not_spawned: str | None = None
     cancelled: bool = False
+    ids: _ids.Ids = _ids.NO_CHANGE
+    runner_error: str | None = None
 
 
 def prepare(cmd: object, shell: object, options: Options) -> Prepared:
@@ -91,6 +99,9 @@ def prepare(cmd: object, shell: object, options: Options) -> Prepared:
     if isinstance(env, _command.NotSpawned):
         return Prepared(args, options, None, env.why)
     envp, child_path = env
+    ids = _ids.resolve(options.user, options.group)
+    if isinstance(ids, _ids.Unresolved):
+        return Prepared(args, options, None, runner_error=ids.runner_error)
     soft, hard = options.limits.native() if options.limits is not None else NO_LIMITS
     contain = _native.contain_default() if options.contain is None else options.contain
     spec = _native.NativeSpec(
@@ -117,7 +128,7 @@ def prepare(cmd: object, shell: object, options: Options) -> Prepared:
         first_signal=options.first_signal,
         new_session=options.new_session,
     )
-    return Prepared(args, options, spec)
+    return Prepared(args, options, spec, ids=ids)
 
 
 def execute(prepared: Prepared, started: float,
@@ -126,8 +137,42 @@ def execute(prepared: Prepared, started: float,
     opts = prepared.options
     if prepared.spec is None:
         return _not_spawned(prepared, started), None
+    if opts.tmpdir:
+        return _execute_in_tmpdir(prepared, prepared.spec, started, control)
     out = _native.execute(prepared.spec, on_output=opts.on_output, control=control)
     return _to_result(out, prepared, started), out
+
+
+def _execute_in_tmpdir(prepared: Prepared, spec: _native.NativeSpec, started: float,
+                       control: _native.RunControl | None,
+                       ) -> tuple[AnyResult, _native.NativeOutcome | None]:
+    """``execute`` in a fresh private directory, the child's cwd and ``TMPDIR``.
+
+    The directory is removed after the run, and also when the run raises
+    (Ctrl-C, ``on_output``), before the exception propagates.  A removal that
+    fails is ``Result.cleanup_error``, never raised, and changes no other field.
+    """
+    try:
+        path = _tmpdir.create(prepared.ids.uid, prepared.ids.gid)
+    except OSError as err:
+        code = err.errno or 0
+        why = (f"spawn failed: {_native.errno_name(code)} ({os.strerror(code)}): "
+               f"tmpdir under {tempfile.gettempdir()!r}")
+        return _not_spawned(replace(prepared, runner_error=why), started), None
+    entry = b"TMPDIR=" + os.fsencode(path)
+    envp = [e for e in (spec.envp if spec.envp is not None else [])
+            if not e.startswith(b"TMPDIR=")]
+    spec = replace(spec, cwd=os.fsencode(path), envp=[*envp, entry])
+    try:
+        out = _native.execute(spec, on_output=prepared.options.on_output, control=control)
+    except BaseException:
+        _tmpdir.remove(path)  # nothing to report it in: the exception is the news
+        raise
+    cleanup_error = _tmpdir.remove(path)
+    result = _to_result(out, replace(prepared, spec=spec), started)
+    if cleanup_error is not None:
+        result = replace(result, cleanup_error=cleanup_error)
+    return result, out
 
 
 @overload
@@ -253,12 +298,20 @@ def run(
             caller's fd 1: live, uncounted, uncapped), an fd or an object with
             ``fileno()``.
         stderr: The same for stderr.
-        user: Run as this user (a name or a uid): ``setgroups`` to its groups,
-            ``setgid`` to its group and ``setuid`` before exec.
-        group: Run with this group (a name or a gid) instead of the user's.
-        tmpdir: Run in a fresh private directory (mode 0700, owned by
-            ``user``), also the child's ``TMPDIR``, removed with everything in
-            it after the run.
+        user: Run as this user (a name or a uid): ``setgroups`` to its groups
+            (``os.getgrouplist``: the caller's own are dropped), ``setgid`` to
+            its group and ``setuid`` before exec.  A name the machine does not
+            have is a ``spawn failed: ENOENT (no such user): user 'bob'``
+            result; a uid without a ``passwd`` entry needs ``group=``.
+        group: Run with this group (a name or a gid) instead of the user's;
+            alone, it also becomes the only supplementary group.
+        tmpdir: Run in a fresh private directory under
+            ``tempfile.gettempdir()`` (mode 0700, owned by ``user``), also the
+            child's ``TMPDIR``, removed with everything in it after the run,
+            also after a kill or an exception, and also when the command made
+            its contents read-only or unlistable (removed as the caller; a
+            symlink is never followed, a mount point never entered).  A
+            removal that fails is ``Result.cleanup_error``, never raised.
         check: Raise ``ProcessFailed`` when the result is not ``ok``.
 
     Returns:
@@ -335,7 +388,8 @@ def _not_spawned(prepared: Prepared, started: float) -> AnyResult:
         cancelled=prepared.cancelled,
         spawned=False,
         stdin_delivered=not prepared.options.payload,
-        runner_error=None if prepared.cancelled else f"not spawned: {prepared.not_spawned}",
+        runner_error=(None if prepared.cancelled
+                      else prepared.runner_error or f"not spawned: {prepared.not_spawned}"),
         duration=time.monotonic() - started,
     )
 
@@ -374,7 +428,9 @@ def _to_result(out: _native.NativeOutcome, prepared: Prepared, started: float) -
         escaped=out.escaped or out.unkilled > 0,
         spawned=out.spawned,
         stdin_delivered=out.stdin_delivered,
-        runner_error=_runner_error(out, prepared.args, opts.cwd, len(opts.payload)),
+        runner_error=_runner_error(out, prepared.args,
+                                   prepared.spec.cwd if prepared.spec else opts.cwd,
+                                   len(opts.payload)),
         term_signal=out.term_signal or None,
         pid=out.pid if out.spawned else None,
         duration=time.monotonic() - started,

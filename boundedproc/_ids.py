@@ -1,0 +1,137 @@
+"""``user=`` and ``group=``: from a name or an id to the ids the child runs with.
+
+Resolution happens in the caller, before the spawn (the child between vfork
+and exec can call no NSS code), and only looks things up: the C core does the
+``setgroups``, ``setgid`` and ``setuid`` before exec, and a refusal there is a
+``spawn failed: EPERM ...`` result.  Here:
+
+- ``user`` (a name or a uid) gives the uid, the user's primary gid and, as
+  supplementary groups, ``os.getgrouplist(name, gid)``: exactly the groups a
+  login as that user would get, so the caller's own groups (root's, say) are
+  dropped.
+- ``group`` (a name or a gid) replaces the primary gid; with ``user`` the
+  supplementary groups are then the user's groups for that gid.  With
+  ``group`` alone the uid is left as it is and the supplementary groups are
+  ``[gid]``, so the caller's other groups are dropped there too.
+- A numeric id need not exist in the user or group database (a sandbox often
+  runs as an unnamed uid), but a uid that has no ``passwd`` entry has no
+  primary group and no group list: it needs ``group=`` as well.
+- A name that does not exist (or a uid without an entry and no ``group=``)
+  is not an exception but a result: ``resolve`` returns ``Unresolved`` whose
+  ``runner_error`` reads, for example,
+  ``spawn failed: ENOENT (no such user): user 'bob'``.  ``spawn failed:``
+  because it is a fact of the machine the command was to run on, like a
+  missing program, not of the command's content; the grader then says
+  ``unrunnable``/``runner-failure``, never ``contradicted``.
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import os
+import pwd
+from dataclasses import dataclass
+
+__all__ = ["Ids", "Unresolved", "resolve"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ids:
+    """The ids a child takes before exec; ``None`` leaves that one as the caller's.
+
+    Attributes:
+        uid: The user id to ``setuid`` to; ``None`` keeps the caller's.
+        gid: The group id to ``setgid`` to; ``None`` keeps the caller's.
+        groups: The supplementary groups to ``setgroups`` to, in
+            ``getgrouplist`` order (the primary gid first); ``None`` keeps the
+            caller's.
+    """
+
+    uid: int | None
+    gid: int | None
+    groups: tuple[int, ...] | None
+
+
+NO_CHANGE = Ids(None, None, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Unresolved:
+    """Why ``user=``/``group=`` names nothing this machine has.
+
+    Attributes:
+        runner_error: The whole ``runner_error`` text of the result, starting
+            with ``spawn failed: `` and the errno name (``ENOENT``).
+        errno: The errno value the text names.
+    """
+
+    runner_error: str
+    errno: int = errno.ENOENT
+
+
+def _unknown(what: str, ident: int | str, why: str, more: str = "") -> Unresolved:
+    return Unresolved(f"spawn failed: ENOENT ({why}): {what} {ident!r}{more}")
+
+
+def _group_id(group: int | str) -> int | Unresolved:
+    if isinstance(group, int):
+        return group  # a gid need not be named to be set
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        return _unknown("group", group, "no such group")
+
+
+def _group_list(name: str, gid: int) -> tuple[int, ...] | Unresolved:
+    try:
+        groups = os.getgrouplist(name, gid)
+    except OSError as err:  # the group database failed us: say which errno
+        code = err.errno or errno.EIO
+        text = (f"spawn failed: {errno.errorcode.get(code, f'errno {code}')} "
+                f"({os.strerror(code)}): getgrouplist for user {name!r}")
+        return Unresolved(text, code)
+    # getgrouplist puts gid first; keep each group once, in its order.
+    return tuple(dict.fromkeys([gid, *groups]))
+
+
+def resolve(user: int | str | None, group: int | str | None) -> Ids | Unresolved:
+    """The ids a run with ``user=`` and ``group=`` takes, or why it cannot.
+
+    Args:
+        user: A user name or a uid (validated by ``_options.validate``), or
+            ``None`` for the caller's.
+        group: A group name or a gid, or ``None``: the user's primary group
+            (with ``user``) or the caller's (without).
+
+    Returns:
+        The ``Ids`` to set (see the module docstring for the rules), or
+        ``Unresolved`` for a name the user or group database does not have,
+        and for a uid without a ``passwd`` entry when no ``group`` is given.
+    """
+    if user is None and group is None:
+        return NO_CHANGE
+    gid: int | None = None
+    if group is not None:
+        found = _group_id(group)
+        if isinstance(found, Unresolved):
+            return found
+        gid = found
+    if user is None:
+        assert gid is not None
+        return Ids(None, gid, (gid,))
+    try:
+        entry = pwd.getpwnam(user) if isinstance(user, str) else pwd.getpwuid(user)
+    except KeyError:
+        if isinstance(user, str):
+            return _unknown("user", user, "no such user")
+        if gid is None:
+            return _unknown("user", user, "no such user",
+                            " (a uid without a passwd entry needs group= too)")
+        return Ids(user, gid, (gid,))
+    if gid is None:
+        gid = entry.pw_gid
+    groups = _group_list(entry.pw_name, gid)
+    if isinstance(groups, Unresolved):
+        return groups
+    return Ids(entry.pw_uid, gid, groups)
