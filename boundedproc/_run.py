@@ -127,6 +127,9 @@ def prepare(cmd: object, shell: object, options: Options) -> Prepared:
         stderr_fd=_child_fd(options.stderr_fd, 2),
         first_signal=options.first_signal,
         new_session=options.new_session,
+        uid=-1 if ids.uid is None else ids.uid,
+        gid=-1 if ids.gid is None else ids.gid,
+        groups=None if ids.groups is None else tuple(ids.groups),
     )
     return Prepared(args, options, spec, ids=ids)
 
