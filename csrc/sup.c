@@ -227,7 +227,16 @@ child_fail: {
 /* bp_sup_usable: 1 when sup may serve another run (in this process). */
 int bp_sup_usable(const struct bp_sup *sup)
 {
-    return sup != NULL && !sup->broken && sup->sock >= 0 && sup->owner == getpid();
+    if (sup == NULL || sup->broken || sup->sock < 0 || sup->owner != getpid())
+        return 0;
+    /* An idle supervisor sends nothing: a readable socket is its EOF (it was
+     * killed between runs). */
+    struct pollfd p = {sup->sock, POLLIN, 0};
+    int rc;
+    do {
+        rc = poll(&p, 1, 0);
+    } while (rc < 0 && errno == EINTR);
+    return rc == 0;
 }
 
 /* bp_sup_pid: the supervisor's pid (for tests and diagnostics). */
