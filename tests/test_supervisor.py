@@ -402,3 +402,55 @@ def test_rlimit_nofile_edge_in_this_process() -> None:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert run(["true"]).ok
+
+
+def test_caller_oom_killed_kills_the_run(tmp_path: Path) -> None:
+    """The caller OOM-killed in a memory cgroup: the run's processes die within a second."""
+    base = Path("/sys/fs/cgroup/memory")
+    cg = base / f"boundedproc-test-{os.getpid()}"
+    try:
+        cg.mkdir()
+    except OSError as err:
+        pytest.skip(f"no writable memory cgroup: {err}")
+    pidfile = tmp_path / "pids"
+    script = f"""
+        import os, threading, time
+        with open("{cg}/cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+        from boundedproc import run
+        cmd = ["sh", "-c", "echo $$ > {pidfile}.tmp; setsid sleep 60 & echo $! >> {pidfile}.tmp;"
+               " mv {pidfile}.tmp {pidfile}; exec sleep 60"]
+        threading.Thread(target=run, args=(cmd,), kwargs={{"timeout": 60}}).start()
+        while not os.path.exists("{pidfile}"):
+            time.sleep(0.01)
+        hog = []
+        while True:
+            hog.append(bytearray(16 << 20))
+    """
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(256 << 20))
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)],
+                                env=importable_env())
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == -signal.SIGKILL
+        pids = pids_in(pidfile.read_text())
+        assert len(pids) == 2
+        assert wait_dead(pids, within=1.5) == []
+    finally:
+        for line in (cg / "cgroup.procs").read_text().split():
+            try:
+                os.kill(int(line), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
