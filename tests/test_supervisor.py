@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -454,3 +455,54 @@ def test_caller_oom_killed_kills_the_run(tmp_path: Path) -> None:
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+def test_unkillable_escapee_as_non_root(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A setuid-root daemon a non-root caller cannot kill: escaped, and the bound still holds."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or cc is None or setpriv is None:
+        pytest.skip("needs root (to make a setuid-root program), a C compiler and setpriv")
+    d = Path(tempfile.mkdtemp(prefix="bp-unkillable-"))
+    try:
+        os.chmod(d, 0o755)
+        src = d / "daemon.c"
+        src.write_text(textwrap.dedent("""
+            #define _GNU_SOURCE
+            #include <stdio.h>
+            #include <unistd.h>
+            int main(void) {
+                if (setresuid(0, 0, 0) != 0) return 3;   /* fully root: unkillable by nobody */
+                setsid();
+                printf("%d\\n", (int)getpid());
+                fflush(stdout);
+                sleep(8);
+                return 0;
+            }
+        """))
+        exe = d / "daemon"
+        subprocess.run([cc, "-O2", "-o", str(exe), str(src)], check=True)
+        os.chown(exe, 0, 0)
+        os.chmod(exe, 0o4755)
+        script = f"""
+            import json, time
+            from boundedproc import run
+            t = time.monotonic()
+            r = run(["sh", "-c", "{exe} & sleep 5"], timeout=1, drain_grace=1)
+            print(json.dumps({{"took": time.monotonic() - t, "escaped": r.escaped,
+                              "timed_out": r.timed_out, "out": r.stdout.decode()}}))
+        """
+        out = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+                              sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
+                             text=True, timeout=60, env=importable_env(), cwd=d)
+        assert out.returncode == 0, out.stderr
+        data = json.loads(out.stdout.strip().splitlines()[-1])
+        assert data["timed_out"] and data["escaped"]
+        assert data["took"] < 1 + 0 + 1 + 0.5  # timeout + kill_grace + drain_grace + slack
+        for pid in pids_in(data["out"]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
