@@ -19,6 +19,16 @@ except ImportError:
         "--no-build-isolation so pip fetches it"
     )
 
+import setuptools
+
+# pyproject.toml's license fields are PEP 639's, which older setuptools refuse with a long
+# schema error; pip's isolated build fetches a new enough one, --no-build-isolation may not.
+if int(setuptools.__version__.split(".")[0]) < 77:
+    sys.exit(
+        f"error: building boundedproc needs setuptools>=77 (this is {setuptools.__version__}): "
+        "pip install -U setuptools, or build without --no-build-isolation"
+    )
+
 from setuptools import setup
 from setuptools.command.build import build
 from setuptools.command.build_ext import build_ext

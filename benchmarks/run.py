@@ -231,6 +231,10 @@ def _warm_memory(nbytes: int) -> None:
     buf[::4096] = b"\x01" * len(range(0, nbytes, 4096))
     del buf
 
+
+TAIL_CAP = 16 * MiB  # run()'s default max_output
+
+
 def bench_throughput(quick: bool) -> list[Row]:
     n = 32 * MiB if quick else 512 * MiB
     reps = 3
@@ -244,6 +248,15 @@ def bench_throughput(quick: bool) -> list[Row]:
         p = subprocess.run(head, capture_output=True, timeout=300, check=False)
         assert len(p.stdout) == n
 
+    def noop_cb() -> None:
+        # SPEC 9.3: a callback that does nothing costs at most a fifth of B4's speed.
+        r = bp.run(head, max_output=None, timeout=300, on_output=lambda stream, chunk: None)
+        assert len(r.stdout) == n and r.exit_code == 0, r.exit_code
+
+    def tail() -> None:
+        r = bp.run(head, max_output=TAIL_CAP, keep="tail", timeout=300)
+        assert len(r.stdout) == min(n, TAIL_CAP) and r.exit_code == 0, r.exit_code
+
     def pipe() -> None:
         subprocess.run(f"head -c {n} /dev/zero | cat > /dev/null", shell=True, check=True,
                        timeout=300)
@@ -254,8 +267,11 @@ def bench_throughput(quick: bool) -> list[Row]:
                        "of=/dev/null status=none", shell=True, check=True, timeout=300)
 
     prepare = None if not WARM else (lambda: _warm_memory(2 * n))
-    s = _interleaved({"ours": ours, "sub": sub, "pipe": pipe, "dd": dd}, reps, 1, warmup=1,
-                     prepare=prepare)
+    funcs: dict[str, Callable[[], object]] = {"ours": ours, "sub": sub, "pipe": pipe, "dd": dd}
+    has_output_options = "on_output" in inspect.signature(bp.run).parameters
+    if has_output_options:
+        funcs.update({"cb": noop_cb, "tail": tail})
+    s = _interleaved(funcs, reps, 1, warmup=1, prepare=prepare)
     o, t, f, d = (n / _med(s[k]) for k in ("ours", "sub", "pipe", "dd"))
     note = (f"{n // MiB} MiB, median of {reps}"
             + (f"; {2 * n // MiB} MiB touched and freed before each call" if WARM else "")
@@ -268,7 +284,16 @@ def bench_throughput(quick: bool) -> list[Row]:
               o, d, "B/s", o / d, "(info)", None,
               "dd reads into one fresh N-byte buffer: the cost of touching new memory, "
               "which the cat floor never pays")
-    return [b4, b5, b5m]
+    rows = [b4, b5, b5m]
+    if has_output_options:
+        cb, tl = n / _med(s["cb"]), n / _med(s["tail"])
+        rows.append(Row("B4.cb", "B4 with a no-op on_output: throughput vs B4", cb, o, "B/s",
+                        cb / o, ">= 0.8x", cb / o >= 0.8,
+                        note + "; every chunk (up to 1 MiB) copied into a bytes and passed"))
+        rows.append(Row("B4.tail", f"(info) B4 with keep='tail', max_output={TAIL_CAP // MiB} "
+                        "MiB: throughput vs B4", tl, o, "B/s", tl / o, "(info)", None,
+                        note + "; the last bytes in a ring, the rest overwritten"))
+    return rows
 
 
 # ---- B6: peak memory of a capture ----------------------------------------------------

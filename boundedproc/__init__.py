@@ -15,7 +15,7 @@ from boundedproc._native import (
 from boundedproc._options import CAPTURE, DEVNULL, INHERIT, Limits, Stream
 from boundedproc._result import ProcessFailed, Result
 from boundedproc._run import run
-from boundedproc._scale import run_async, run_many
+from boundedproc._scale import Job, run_async, run_many
 from boundedproc._version import __version__
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "INHERIT",
     "SPAWN_FAILURE_EXIT_CODE",
     "Cancel",
+    "Job",
     "Limits",
     "ProcessFailed",
     "Result",

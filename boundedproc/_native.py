@@ -16,8 +16,9 @@ import threading
 import types
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from boundedproc._version import __version__
 
@@ -114,7 +115,7 @@ if core_version() != __version__:  # pragma: no cover - only on a stale build
     )
 
 
-SUPERVISOR_PATH = os.path.join(os.path.dirname(os.path.abspath(_bp.__file__)), "_bp_supervisor")
+SUPERVISOR_PATH = os.path.join(os.path.dirname(os.path.abspath(str(_bp.__file__))), "_bp_supervisor")
 
 CONTAIN_SUPPORTED: bool = bool(lib.bp_contain_supported()) and os.access(SUPERVISOR_PATH, os.X_OK)
 """Whether contained runs are available: Linux with a subreaper, and the
@@ -131,9 +132,17 @@ _SYSTEMIC = {_errno.ENOSYS, _errno.EPERM, _errno.EINVAL, _errno.EACCES, _errno.E
              _errno.ENOEXEC, _errno.ENOTDIR}
 
 
+FD_CLOSED: int = lib.BP_FD_CLOSED
+"""A ``bp_spec`` stdio fd meaning: the child gets that fd closed."""
+
+
 def containment_status() -> str:
     """``"available"``, or why runs are not contained here (``contain=None``)."""
     return "available" if CONTAIN_SUPPORTED else str(_REFUSAL)
+
+KEEP_MODES: dict[str, int] = {"head": lib.BP_KEEP_HEAD, "tail": lib.BP_KEEP_TAIL,
+                              "head+tail": lib.BP_KEEP_HEAD_TAIL}
+"""``keep=`` values as the core's ``BP_KEEP_*``."""
 
 
 def contain_default() -> bool:
@@ -470,13 +479,14 @@ def _take(run: object, stream: int, length: int) -> bytes:
     return out
 
 
-def execute(spec: NativeSpec, *, on_output: object = None,
+def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None = None,
             control: RunControl | None = None) -> NativeOutcome:
     """Spawn and wait for one command.
 
     Args:
         spec: What to run.
-        on_output: ``on_output(stream, chunk)`` for every chunk read.
+        on_output: ``on_output(stream, chunk)`` for every chunk read, called
+            here (the calling thread) right after each read, before the next.
         control: Attached to the run while it is in flight.
 
     Returns:
@@ -529,6 +539,7 @@ def execute(spec: NativeSpec, *, on_output: object = None,
     c.first_signal = spec.first_signal
     c.new_session = int(spec.new_session)
     c.keep = spec.keep
+    c.report_chunks = int(on_output is not None)
     for i in range(NRLIMITS):
         c.rlimits_soft[i] = spec.rlimits_soft[i]
         c.rlimits_hard[i] = spec.rlimits_hard[i]
@@ -559,12 +570,12 @@ def _spawn_failure(failure: _StartFailure) -> NativeOutcome:
         stderr_omitted=0, stdout_gap=None, stderr_gap=None)
 
 
-def _runner_failure(res: object, sup_pid: int) -> str | None:
+def _runner_failure(res: Any, sup_pid: int) -> str | None:
     """What happened to the supervisor that failed the run, in words."""
-    how = res.runner_failed  # type: ignore[attr-defined]
+    how = res.runner_failed
     if how == lib.BP_RUNNER_OK:
         return None
-    status = res.runner_status  # type: ignore[attr-defined]
+    status = res.runner_status
     fate = ""
     if status is not None and status >= 0:
         if os.WIFSIGNALED(status):
@@ -582,8 +593,9 @@ def _runner_failure(res: object, sup_pid: int) -> str | None:
     return f"{who} died during the run{fate}; the run's group was killed"
 
 
-def _drive(c: object, res: object, handle: object, sup: _Supervisor | None,
-           on_output: object, control: RunControl | None) -> NativeOutcome:
+def _drive(c: Any, res: Any, handle: Any, sup: _Supervisor | None,
+           on_output: Callable[[int, bytes], None] | None,
+           control: RunControl | None) -> NativeOutcome:
     """Start the run and drive it to the end; the supervisor's pool is the caller's."""
     sup_ptr = ffi.NULL if sup is None else sup.ptr
     sup_pid = 0 if sup is None else int(lib.bp_sup_pid(sup.ptr))
@@ -599,8 +611,16 @@ def _drive(c: object, res: object, handle: object, sup: _Supervisor | None,
             if control is not None:
                 control._run = run
                 control.pid = res.pid if res.spawned else None
+            chunk = ffi.new("int *"), ffi.new("const unsigned char **"), ffi.new("size_t *")
             while True:
                 rc = lib.bp_wait(run)
+                if rc == lib.BP_CHUNK and on_output is not None:
+                    # The bytes are the core's until the next bp_wait: copy them
+                    # out first.  An exception from the callback unwinds through
+                    # the finally below, which kills and reaps the run.
+                    assert_never_state(lib.bp_chunk(run, *chunk) == 0, "BP_CHUNK without a chunk")
+                    on_output(chunk[0][0], ffi.buffer(chunk[1][0], chunk[2][0])[:])
+                    continue
                 if rc == lib.BP_DONE:
                     break
                 if rc < 0:

@@ -130,6 +130,7 @@ def prepare(cmd: object, shell: object, options: Options) -> Prepared:
         uid=-1 if ids.uid is None else ids.uid,
         gid=-1 if ids.gid is None else ids.gid,
         groups=None if ids.groups is None else tuple(ids.groups),
+        keep=_native.KEEP_MODES[options.keep],
     )
     return Prepared(args, options, spec, ids=ids)
 

@@ -55,18 +55,32 @@ import importlib
 import os
 import sys
 import threading
+import types
 from collections import deque
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 from boundedproc._cancel import ALSO_CANCEL, Cancel
-from boundedproc._command import Command
-from boundedproc._result import Result
+from boundedproc._command import Command, StrOrBytesPath
+from boundedproc._options import (
+    CAPTURE,
+    DEFAULT_MAX_OUTPUT,
+    DEFAULT_TIMEOUT,
+    Keep,
+    Limits,
+    OutputCallback,
+    StdinSource,
+    StdioTarget,
+)
+from boundedproc._result import AnyResult, Result
 from boundedproc._run import run
 
-__all__ = ["ASYNC_MAX_THREADS", "run_async", "run_many"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["ASYNC_MAX_THREADS", "Job", "JobOptions", "run_async", "run_many"]
 
 #: Most threads ``run_async`` uses at once; more concurrent calls queue.
 ASYNC_MAX_THREADS = 512
@@ -104,7 +118,7 @@ def _one_shot(cmd: Any) -> Any:
     return cmd  # not iterable: run() raises the TypeError
 
 
-def _validate(cmd: Any, options: dict[str, Any]) -> Result:
+def _validate(cmd: Any, options: dict[str, Any]) -> AnyResult:
     """Raise what ``run(cmd, **options)`` would raise for a caller bug; spawn nothing.
 
     It is ``run()`` itself, with the private second cancel switch already set:
@@ -124,7 +138,7 @@ def _validate(cmd: Any, options: dict[str, Any]) -> Result:
         ALSO_CANCEL.reset(token)
 
 
-def _run_watching(switch: Cancel, cmd: Any, options: dict[str, Any]) -> Result:
+def _run_watching(switch: Cancel, cmd: Any, options: dict[str, Any]) -> AnyResult:
     # Runs in a worker thread: executors do not copy contextvars, so the switch
     # is set here, in the context where run() executes.
     token = ALSO_CANCEL.set(switch)
@@ -134,7 +148,7 @@ def _run_watching(switch: Cancel, cmd: Any, options: dict[str, Any]) -> Result:
         ALSO_CANCEL.reset(token)
 
 
-def _no_switch_result(dry: Result, err: OSError) -> Result:
+def _no_switch_result(dry: AnyResult, err: OSError) -> AnyResult:
     """The result for a run that could not get the fds of its cancel switch."""
     name = errno.errorcode.get(err.errno or 0, "EMFILE")
     return replace(
@@ -143,7 +157,70 @@ def _no_switch_result(dry: Result, err: OSError) -> Result:
                      f"{dry.args[0]!r}")
 
 
-async def run_async(cmd: Command, **options: Any) -> Result:
+@overload
+async def run_async(
+    cmd: Command, *, shell: bool | str = ..., timeout: float | None = ...,
+    max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
+    stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
+    env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
+    merge_stderr: bool = ..., text: Literal[False] = ..., cancel: Cancel | None = ...,
+    kill_grace: float = ..., drain_grace: float = ..., limits: Limits | None = ...,
+    contain: bool | None = ..., on_output: OutputCallback | None = ..., keep: Keep = ...,
+    stdout: StdioTarget = ..., stderr: StdioTarget = ..., user: int | str | None = ...,
+    group: int | str | None = ..., tmpdir: bool = ..., check: bool = ...,
+) -> Result[bytes]: ...
+@overload
+async def run_async(
+    cmd: Command, *, shell: bool | str = ..., timeout: float | None = ...,
+    max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
+    stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
+    env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
+    merge_stderr: bool = ..., text: Literal[True], cancel: Cancel | None = ...,
+    kill_grace: float = ..., drain_grace: float = ..., limits: Limits | None = ...,
+    contain: bool | None = ..., on_output: OutputCallback | None = ..., keep: Keep = ...,
+    stdout: StdioTarget = ..., stderr: StdioTarget = ..., user: int | str | None = ...,
+    group: int | str | None = ..., tmpdir: bool = ..., check: bool = ...,
+) -> Result[str]: ...
+@overload
+async def run_async(
+    cmd: Command, *, shell: bool | str = ..., timeout: float | None = ...,
+    max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
+    stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
+    env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
+    merge_stderr: bool = ..., text: bool, cancel: Cancel | None = ...,
+    kill_grace: float = ..., drain_grace: float = ..., limits: Limits | None = ...,
+    contain: bool | None = ..., on_output: OutputCallback | None = ..., keep: Keep = ...,
+    stdout: StdioTarget = ..., stderr: StdioTarget = ..., user: int | str | None = ...,
+    group: int | str | None = ..., tmpdir: bool = ..., check: bool = ...,
+) -> Result[bytes] | Result[str]: ...
+async def run_async(
+    cmd: Command,
+    *,
+    shell: bool | str = False,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    max_output: int | None = DEFAULT_MAX_OUTPUT,
+    on_overflow: Literal["truncate", "kill"] = "truncate",
+    stdin: StdinSource = None,
+    cwd: StrOrBytesPath | None = None,
+    env: Mapping[str, str | None] | None = None,
+    env_mode: Literal["merge", "replace"] = "merge",
+    merge_stderr: bool = False,
+    text: bool = False,
+    cancel: Cancel | None = None,
+    kill_grace: float = 0.0,
+    drain_grace: float = 2.0,
+    limits: Limits | None = None,
+    contain: bool | None = None,
+    on_output: OutputCallback | None = None,
+    keep: Keep = "head",
+    stdout: StdioTarget = CAPTURE,
+    stderr: StdioTarget = CAPTURE,
+    user: int | str | None = None,
+    group: int | str | None = None,
+    tmpdir: bool = False,
+    check: bool = False,
+    **unknown: object,
+) -> Result[bytes] | Result[str]:
     """``run()`` awaitable from asyncio; cancelling the task kills the run's group.
 
     The command runs on a worker thread of a dedicated pool (see the module
@@ -152,12 +229,17 @@ async def run_async(cmd: Command, **options: Any) -> Result:
 
     Args:
         cmd: As for ``run()``: an argument vector, or a string with ``shell=``.
-        **options: Every keyword of ``run()``, with the same meaning and
+        shell, timeout, max_output, on_overflow, stdin, cwd, env, env_mode,
+            merge_stderr, text, cancel, kill_grace, drain_grace, limits,
+            contain, on_output, keep, stdout, stderr, user, group, tmpdir,
+            check: Every keyword of ``run()``, with the same meaning and
             defaults (``timeout=600``, ``max_output=16 MiB``, ...).  The
-            caller's ``cancel=`` switch works as with ``run()``.
+            caller's ``cancel=`` switch works as with ``run()``; ``on_output``
+            is called in the worker thread.
 
     Returns:
-        The ``Result`` that ``run()`` returns.  As with ``run()``, what the
+        The ``Result`` that ``run()`` returns: ``Result[bytes]``, or
+        ``Result[str]`` with ``text=True``.  As with ``run()``, what the
         command or the OS did is in it, never raised.
 
     Raises:
@@ -168,6 +250,12 @@ async def run_async(cmd: Command, **options: Any) -> Result:
             cancel during that short wait does not abandon it).  The caller's
             own ``cancel=`` switch is left untouched.
     """
+    options: dict[str, Any] = dict(
+        shell=shell, timeout=timeout, max_output=max_output, on_overflow=on_overflow,
+        stdin=stdin, cwd=cwd, env=env, env_mode=env_mode, merge_stderr=merge_stderr, text=text,
+        cancel=cancel, kill_grace=kill_grace, drain_grace=drain_grace, limits=limits,
+        contain=contain, on_output=on_output, keep=keep, stdout=stdout, stderr=stderr,
+        user=user, group=group, tmpdir=tmpdir, check=check, **unknown)
     cmd = _one_shot(cmd)
     dry = _validate(cmd, options)
     loop = asyncio.get_running_loop()
@@ -202,16 +290,164 @@ class _Raise:
         self.error = error
 
 
-def _per_command(cmd: Any, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """The command and the options run() gets for it (shell= only for strings)."""
-    cmd = _one_shot(cmd)
-    if not isinstance(cmd, str) and options.get("shell"):
+class JobOptions(TypedDict, total=False):
+    """The options a ``Job`` may set: every keyword of ``run()`` but ``text``.
+
+    ``text`` is shared by every result of one ``run_many`` (pass it there), so
+    that all of them have one output type.
+    """
+
+    shell: bool | str
+    timeout: float | None
+    max_output: int | None
+    on_overflow: Literal["truncate", "kill"]
+    stdin: StdinSource
+    cwd: StrOrBytesPath | None
+    env: Mapping[str, str | None] | None
+    env_mode: Literal["merge", "replace"]
+    merge_stderr: bool
+    cancel: Cancel | None
+    kill_grace: float
+    drain_grace: float
+    limits: Limits | None
+    contain: bool | None
+    on_output: OutputCallback | None
+    keep: Keep
+    stdout: StdioTarget
+    stderr: StdioTarget
+    user: int | str | None
+    group: int | str | None
+    tmpdir: bool
+    check: bool
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Job:
+    """One command for ``run_many`` with options of its own.
+
+    ``Job(cmd, cwd=d, stdin=data, timeout=5)``: the options given here
+    override ``run_many``'s shared ones for this run only; the ones not given
+    are the shared ones.  They are checked when ``run_many`` takes the job
+    from its input, as the shared ones would be: a bad one is raised there
+    (``TypeError``/``ValueError``), in the job's turn, never skipped.
+
+    Attributes:
+        cmd: As for ``run()``: an argument vector, or a string with ``shell=``
+            (its own, or ``run_many``'s).
+        options: The overriding keywords, read-only.
+    """
+
+    cmd: Command
+    options: Mapping[str, Any]
+
+    def __init__(self, cmd: Command, **options: Unpack[JobOptions]) -> None:
+        object.__setattr__(self, "cmd", cmd)
+        object.__setattr__(self, "options", types.MappingProxyType(dict(options)))
+
+    def __repr__(self) -> str:
+        given = "".join(f", {k}={v!r}" for k, v in self.options.items())
+        return f"Job({self.cmd!r}{given})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_job, (self.cmd, dict(self.options)))
+
+
+def _job(cmd: Command, options: dict[str, Any]) -> Job:
+    """Unpickle a ``Job`` (its read-only options mapping cannot be pickled as is)."""
+    return Job(cmd, **options)
+
+
+def _per_command(item: Any, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The command and the options run() gets for one input item.
+
+    The shared ``shell=`` applies to strings only; a ``Job``'s own options
+    override the shared ones, its own ``shell=`` included.
+
+    Raises:
+        TypeError: a ``Job`` that sets ``text``.
+    """
+    own: Mapping[str, Any] = {}
+    if isinstance(item, Job):
+        own = item.options
+        if "text" in own:
+            raise TypeError("Job(text=...): text is shared by every result of one run_many; "
+                            "pass it to run_many")
+        item = item.cmd
+    cmd = _one_shot(item)
+    if not isinstance(cmd, str) and options.get("shell") and "shell" not in own:
         options = {**options, "shell": False}
-    return cmd, options
+    return cmd, {**options, **own}
 
 
-def run_many(cmds: Iterable[Command], jobs: int = 4, *, progress: bool = False,
-             **options: Any) -> Generator[Result, None, None]:
+@overload
+def run_many(
+    cmds: Iterable[Command | Job], jobs: int = ..., *, progress: bool = ...,
+    shell: bool | str = ..., timeout: float | None = ...,
+    max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
+    stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
+    env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
+    merge_stderr: bool = ..., text: Literal[False] = ..., cancel: Cancel | None = ...,
+    kill_grace: float = ..., drain_grace: float = ..., limits: Limits | None = ...,
+    contain: bool | None = ..., on_output: OutputCallback | None = ..., keep: Keep = ...,
+    stdout: StdioTarget = ..., stderr: StdioTarget = ..., user: int | str | None = ...,
+    group: int | str | None = ..., tmpdir: bool = ..., check: bool = ...,
+) -> Generator[Result[bytes], None, None]: ...
+@overload
+def run_many(
+    cmds: Iterable[Command | Job], jobs: int = ..., *, progress: bool = ...,
+    shell: bool | str = ..., timeout: float | None = ...,
+    max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
+    stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
+    env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
+    merge_stderr: bool = ..., text: Literal[True], cancel: Cancel | None = ...,
+    kill_grace: float = ..., drain_grace: float = ..., limits: Limits | None = ...,
+    contain: bool | None = ..., on_output: OutputCallback | None = ..., keep: Keep = ...,
+    stdout: StdioTarget = ..., stderr: StdioTarget = ..., user: int | str | None = ...,
+    group: int | str | None = ..., tmpdir: bool = ..., check: bool = ...,
+) -> Generator[Result[str], None, None]: ...
+@overload
+def run_many(
+    cmds: Iterable[Command | Job], jobs: int = ..., *, progress: bool = ...,
+    shell: bool | str = ..., timeout: float | None = ...,
+    max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
+    stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
+    env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
+    merge_stderr: bool = ..., text: bool, cancel: Cancel | None = ...,
+    kill_grace: float = ..., drain_grace: float = ..., limits: Limits | None = ...,
+    contain: bool | None = ..., on_output: OutputCallback | None = ..., keep: Keep = ...,
+    stdout: StdioTarget = ..., stderr: StdioTarget = ..., user: int | str | None = ...,
+    group: int | str | None = ..., tmpdir: bool = ..., check: bool = ...,
+) -> Generator[Result[bytes] | Result[str], None, None]: ...
+def run_many(
+    cmds: Iterable[Command | Job],
+    jobs: int = 4,
+    *,
+    progress: bool = False,
+    shell: bool | str = False,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    max_output: int | None = DEFAULT_MAX_OUTPUT,
+    on_overflow: Literal["truncate", "kill"] = "truncate",
+    stdin: StdinSource = None,
+    cwd: StrOrBytesPath | None = None,
+    env: Mapping[str, str | None] | None = None,
+    env_mode: Literal["merge", "replace"] = "merge",
+    merge_stderr: bool = False,
+    text: bool = False,
+    cancel: Cancel | None = None,
+    kill_grace: float = 0.0,
+    drain_grace: float = 2.0,
+    limits: Limits | None = None,
+    contain: bool | None = None,
+    on_output: OutputCallback | None = None,
+    keep: Keep = "head",
+    stdout: StdioTarget = CAPTURE,
+    stderr: StdioTarget = CAPTURE,
+    user: int | str | None = None,
+    group: int | str | None = None,
+    tmpdir: bool = False,
+    check: bool = False,
+    **unknown: object,
+) -> Generator[Result[bytes], None, None] | Generator[Result[str], None, None]:
     """Run many commands, at most ``jobs`` at once, yielding results in input order.
 
     ``cmds`` is read lazily: at most ``2 * jobs`` commands are taken from it
@@ -227,27 +463,44 @@ def run_many(cmds: Iterable[Command], jobs: int = 4, *, progress: bool = False,
     in ``contextlib.closing`` when it may outlive a ``break``.
 
     Args:
-        cmds: Commands; each is a string (run with ``shell=`` from
-            ``options``) or an argument vector (always run without a shell,
-            whatever ``shell=`` says, so strings and vectors can be mixed).
+        cmds: Commands; each is a string (run with ``shell=``), an argument
+            vector (always run without the shared ``shell=``, so strings and
+            vectors can be mixed), or a ``Job`` whose options override the
+            shared ones for that run (its cwd, stdin, env, timeout, ...).
         jobs: Most commands running at once (>= 1).
         progress: Show a tqdm progress bar on stderr, advanced as results are
             yielded, when tqdm is importable (the ``cli`` extra); nothing
             otherwise.
-        **options: Every keyword of ``run()``, applied to every command.  A
-            ``cancel=`` switch given here cancels every run it reaches.
+        shell, timeout, max_output, on_overflow, stdin, cwd, env, env_mode,
+            merge_stderr, text, cancel, kill_grace, drain_grace, limits,
+            contain, on_output, keep, stdout, stderr, user, group, tmpdir,
+            check: Every keyword of ``run()``, with its meaning and default,
+            shared by every command that does not override it.  A
+            ``cancel=`` switch cancels every run it reaches; ``on_output``
+            (shared or a job's) is called in the worker thread that runs the
+            command; with ``check=True`` a failed run's ``ProcessFailed`` is
+            raised in its turn.
 
     Returns:
-        An iterator of ``Result``, one per command, in input order.
+        An iterator of ``Result``, one per command, in input order:
+        ``Result[bytes]``, or ``Result[str]`` with ``text=True`` (a ``Job``
+        cannot change ``text``, so every result has the same type).
 
     Raises:
-        TypeError, ValueError: A caller bug in ``jobs`` or ``options``, raised
-            by this call, before anything is spawned.  A caller bug in one
-            command (a string without ``shell=``, an empty vector, a wrong
-            type), or an exception raised by ``cmds`` itself, is raised by the
-            iterator at that command's position: every earlier command's
-            result is yielded first and no later command is started.
+        TypeError, ValueError: A caller bug in ``jobs`` or the shared
+            options, raised by this call, before anything is spawned.  A
+            caller bug in one command or in a ``Job``'s options (a string
+            without ``shell=``, an empty vector, a wrong type, a misspelt or
+            bad option), or an exception raised by ``cmds`` itself, is raised
+            by the iterator at that command's position: every earlier
+            command's result is yielded first and no later command is started.
     """
+    options: dict[str, Any] = dict(
+        shell=shell, timeout=timeout, max_output=max_output, on_overflow=on_overflow,
+        stdin=stdin, cwd=cwd, env=env, env_mode=env_mode, merge_stderr=merge_stderr, text=text,
+        cancel=cancel, kill_grace=kill_grace, drain_grace=drain_grace, limits=limits,
+        contain=contain, on_output=on_output, keep=keep, stdout=stdout, stderr=stderr,
+        user=user, group=group, tmpdir=tmpdir, check=check, **unknown)
     if isinstance(jobs, bool) or not isinstance(jobs, int):
         raise TypeError(f"jobs must be an int, not {type(jobs).__name__}")
     if jobs < 1:
@@ -259,7 +512,7 @@ def run_many(cmds: Iterable[Command], jobs: int = 4, *, progress: bool = False,
                         f"{type(cmds).__name__}")
     source = iter(cmds)  # TypeError now when it is not iterable
     # The shared options, checked once with a stand-in command of the right shape.
-    _validate("true" if options.get("shell") else ["true"], options)
+    _validate("true" if shell else ["true"], options)
     total = len(cmds) if hasattr(cmds, "__len__") else None  # type: ignore[arg-type]
     return _many(source, jobs, progress, total, options)
 
@@ -272,14 +525,14 @@ def _progress_bar(total: int | None) -> Any:
     return tqdm(total=total, file=sys.stderr, unit="cmd", dynamic_ncols=True)
 
 
-def _many(source: Iterator[Command], jobs: int, progress: bool, total: int | None,
-          options: dict[str, Any]) -> Generator[Result, None, None]:
+def _many(source: Iterator[Command | Job], jobs: int, progress: bool, total: int | None,
+          options: dict[str, Any]) -> Generator[Any, None, None]:
     # Runs at the first next(): an iterator never started spawns, draws, holds nothing.
     bar = _progress_bar(total) if progress else None
     window = 2 * jobs
     switch = Cancel()  # one switch for every run of this call: set on early close
     pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="boundedproc-many")
-    pending: deque[Future[Result] | _Raise] = deque()
+    pending: deque[Future[AnyResult] | _Raise] = deque()
     more = True
 
     def fill() -> None:

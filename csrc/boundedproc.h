@@ -12,7 +12,10 @@
  *               run handle, or 0 with res->spawned == 0 when the OS refused.
  *   bp_wait()   drives the poll loop; returns BP_AGAIN when a signal or the
  *               wake fd interrupted it, so the caller can run its handlers and
- *               call again, BP_DONE when the run is over and reaped.
+ *               call again, BP_DONE when the run is over and reaped.  With
+ *               spec->report_chunks it also returns BP_CHUNK after each read
+ *               that produced bytes: bp_chunk() then gives that chunk, valid
+ *               until the next bp_wait() call, and the caller calls again.
  *   bp_abort()  ends the run at once (group SIGKILL, reap), for a caller that
  *               is unwinding.  Idempotent, safe after BP_DONE.
  *   bp_take_output() copies one stream's kept bytes into caller memory and
@@ -30,6 +33,7 @@
 /* bp_wait() return values (besides -1). */
 #define BP_DONE 0
 #define BP_AGAIN 1
+#define BP_CHUNK 2                /* a chunk was read: see bp_chunk() */
 
 /* Why the run ended. */
 #define BP_END_NONE 0
@@ -106,6 +110,7 @@ struct bp_spec {
     int64_t max_output;           /* < 0: no cap; counts stdout and stderr together */
     int overflow_kill;            /* past the cap: 0 discard and go on, 1 kill the group */
     int keep;                     /* BP_KEEP_*: which bytes the cap keeps */
+    int report_chunks;            /* 1: bp_wait returns BP_CHUNK after each read with bytes */
     int merge_stderr;             /* child's stderr is its stdout pipe */
     int cancel_fd;                /* readable means cancelled; -1: none */
     int cancel_fd2;               /* a second one (e.g. the awaiting task's); -1: none */
@@ -146,7 +151,7 @@ struct bp_result {
     int err_errno;                /* errno saved at that failure */
     uint64_t output_bytes;        /* all bytes read, kept and discarded */
     uint64_t stdin_written;
-    uint64_t stdout_len;          /* kept bytes, available to bp_take_output */
+    uint64_t stdout_len;          /* kept bytes, available to bp_take_output after BP_DONE */
     uint64_t stderr_len;
     double user_time;
     double system_time;
@@ -173,6 +178,7 @@ int bp_wait(struct bp_run *run);
 int bp_signal(struct bp_run *run, int sig);
 void bp_abort(struct bp_run *run);
 int bp_take_output(struct bp_run *run, int stream, unsigned char *dest, size_t len);
+int bp_chunk(struct bp_run *run, int *stream, const unsigned char **ptr, size_t *len);
 void bp_free(struct bp_run *run);
 int bp_group_alive(int pgid);
 int bp_contain_supported(void);

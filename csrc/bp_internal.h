@@ -38,6 +38,40 @@ struct bp_stream {
     size_t populated;       /* mapped: bytes from buf already faulted in */
 };
 
+/* What keep="tail" and "head+tail" hold past the head (output.c): the last
+ * bytes of both streams in one ring, in arrival order, with one bit per ring
+ * byte saying which stream it came from, so memory is the tail budget plus
+ * an eighth of it, however much is read. */
+struct bp_tail {
+    struct bp_stream ring;  /* ring.len: bytes written before it first wrapped */
+    size_t wpos;            /* where the next byte goes */
+    int started;            /* the first byte went in (and solo was decided) */
+    int wrapped;            /* full: each byte written replaces the oldest */
+    int solo;               /* BP_STDOUT/BP_STDERR: the one stream that can reach the ring
+                               (bits is then NULL); 0: both can */
+    uint64_t *bits;         /* bit set: that ring byte came from stderr */
+    size_t nwords;
+    int taken[2];           /* bp_take_output handed stdout, stderr over */
+};
+
+/* The chunk last read, for a spec with report_chunks (output.c). */
+struct bp_chunk {
+    int pending;            /* read, not yet returned by bp_wait as BP_CHUNK */
+    int valid;              /* returned as BP_CHUNK: bp_chunk() may hand it out */
+    int stream;             /* BP_STDOUT or BP_STDERR */
+    int last;               /* the stream read last, so that both take turns */
+    const unsigned char *ptr;
+    size_t len;
+};
+
+/* Everything output.c keeps per run besides the two streams' heads. */
+struct bp_output {
+    struct bp_tail tail;
+    struct bp_chunk chunk;
+    unsigned char *scratch; /* bytes read and not kept land here: heap, never the stack */
+    size_t scratch_cap;
+};
+
 /* Where the run is in its lifecycle. */
 enum bp_phase {
     BP_PHASE_RUNNING = 0,   /* leader alive, no end decided */
@@ -61,7 +95,8 @@ struct bp_run {
     size_t stdin_off;
     struct bp_stream out;
     struct bp_stream err;
-    uint64_t kept;          /* bytes kept across both streams */
+    uint64_t kept;          /* bytes kept in the heads (out.buf, err.buf) together */
+    struct bp_output output;
     int64_t start_ns;
     int64_t deadline_ns;    /* < 0: none */
     int64_t grace_end_ns;
@@ -89,8 +124,11 @@ void bp__sup_event(struct bp_run *run);
 int bp__sup_reap(struct bp_run *run);
 
 /* output.c */
-int bp__read_stream(struct bp_run *run, struct bp_stream *s);
-void bp__stream_release(struct bp_stream *s);
+int bp__read_ready(struct bp_run *run, int out_ready, int err_ready);
+int bp__chunk_deliver(struct bp_run *run);
+void bp__chunk_release(struct bp_run *run);
+void bp__output_finish(struct bp_run *run);
+void bp__output_release(struct bp_run *run);
 
 /* loop.c */
 int64_t bp__now_ns(void);

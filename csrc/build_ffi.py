@@ -78,7 +78,9 @@ with open(os.path.join(HERE, "boundedproc.h"), encoding="utf-8") as _f:
 ffibuilder.set_source(
     "boundedproc._bp",
     '#include "bp_internal.h"\n',
-    sources=[os.path.join("csrc", name) for name in SOURCES],
+    # Relative for setup.py (setuptools refuses absolute paths in setup() arguments); the
+    # in-place build below compiles in a temporary directory, so it needs them absolute.
+    sources=[os.path.join(HERE if __name__ == "__main__" else "csrc", name) for name in SOURCES],
     include_dirs=[HERE],
     define_macros=_macros(),
     extra_compile_args=_cflags(),
@@ -86,15 +88,21 @@ ffibuilder.set_source(
 )
 
 if __name__ == "__main__":
-    # In-place development build: boundedproc/_bp*.so and boundedproc/_bp_supervisor
+    # In-place development build: boundedproc/_bp*.so and boundedproc/_bp_supervisor. Both are
+    # built in a temporary directory, where cffi's distutils run reads no pyproject.toml (a
+    # setuptools older than the one pyproject asks for would refuse its license fields), then
+    # moved into place with a rename, so a process that has the old files open keeps them.
     # setuptools first: it provides distutils on 3.12+.
     import setuptools  # noqa: F401, I001
     from distutils.ccompiler import new_compiler
     from distutils.sysconfig import customize_compiler
 
-    os.chdir(ROOT)
-    ffibuilder.compile(verbose=False)
-    cc = new_compiler()
-    customize_compiler(cc)
-    with tempfile.TemporaryDirectory() as tmp:
-        build_supervisor(cc, tmp, os.path.join(ROOT, "boundedproc"))
+    package = os.path.join(ROOT, "boundedproc")
+    # Inside the checkout, so the rename below stays on one filesystem.
+    with tempfile.TemporaryDirectory(prefix=".build-", dir=ROOT) as tmp:
+        built = [ffibuilder.compile(tmpdir=tmp, verbose=False)]
+        cc = new_compiler()
+        customize_compiler(cc)
+        built.append(build_supervisor(cc, tmp, tmp))
+        for path in built:
+            os.replace(path, os.path.join(package, os.path.basename(path)))

@@ -104,12 +104,7 @@ int bp__reap(struct bp_run *run)
 void bp__finish_result(struct bp_run *run)
 {
     struct bp_result *res = run->res;
-    res->stdout_len = run->out.len;
-    res->stderr_len = run->err.len;
-    res->stdout_read = run->out.read;
-    res->stderr_read = run->err.read;
-    res->stdout_gap = run->out.read > run->out.len ? (int64_t)run->out.len : -1;
-    res->stderr_gap = run->err.read > run->err.len ? (int64_t)run->err.len : -1;
+    bp__output_finish(run);  /* kept lengths, bytes read, gaps */
     if (!res->spawned)
         return;
     switch (res->end_reason) {

@@ -464,14 +464,17 @@ pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err
     }
 }
 
-/* The run's remaining bound for the final kill, per SPEC 2.2 step 7 and 9.2:
- * what is left of timeout + kill_grace, never under a few rounds of kill. */
+/* The final kill's budget: what is left of the run's bound (SPEC 2.2 step
+ * 7: timeout + kill_grace + drain_grace), so that a run whose escapees cannot
+ * be killed still returns in time; never under a few rounds of kill, and at
+ * most 5 s when the run has no bound.  The drain that follows gets what the
+ * kill left of the bound (loop.c). */
 static int64_t kill_budget(const struct bp_run *run)
 {
-    const int64_t floor_ns = 20000000, ceil_ns = 2000000000;
+    const int64_t floor_ns = 20000000, ceil_ns = 5000000000LL;
     if (run->bound_end_ns < 0)
         return ceil_ns;
-    int64_t left = run->bound_end_ns - bp__now_ns() - run->spec->drain_grace_ns;
+    int64_t left = run->bound_end_ns - bp__now_ns() - 100000000;  /* 0.1 s for the rest */
     return left < floor_ns ? floor_ns : left > ceil_ns ? ceil_ns : left;
 }
 

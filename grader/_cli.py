@@ -9,7 +9,28 @@ Decisions taken where SPEC section 4 is silent:
   ``line N: ...`` on stderr, not graded, and makes the exit status 2.
 - Checks run in an empty environment (bash then uses its built-in ``PATH``), the same for every
   machine that grades the file, with ``--cwd`` (default: the claims file's directory) as their
-  working directory.
+  working directory. ``--env-file FILE`` and ``--pass-env NAME`` put variables into that
+  environment, nothing else does: the files are read in order (a later one wins), then each
+  ``--pass-env NAME`` copies this process's ``NAME`` over them. A ``--pass-env`` of a variable
+  that is not set here passes nothing and says so on stderr. With ``--executor dask://`` the
+  values are read here and sent with each claim, so a worker's own environment never leaks in.
+- ``--env-file`` has the format of ``docker run --env-file``: one ``NAME=VALUE`` a line, the
+  value being everything after the first ``=``, verbatim (no quotes are removed, no escapes or
+  ``$`` expanded, trailing spaces kept; only the line end, ``\n`` or ``\r\n``, is dropped).
+  Blank lines and lines whose first non-blank character is ``#`` are skipped (a ``#`` elsewhere
+  belongs to the value). A line holding a bare ``NAME`` passes this process's value, as
+  ``--pass-env`` does (nothing when unset). ``NAME`` must be a shell variable name
+  (``[A-Za-z_][A-Za-z0-9_]*``; blanks before it are allowed); any other line (``export X=1``,
+  ``X = 1``), or a file that is not UTF-8 or cannot be read, exits 2 with ``FILE:N: ...`` before
+  anything is graded. A later line for the same name wins.
+- ``--user USER`` (a name, or digits for a uid) runs every parse and check as that user, with
+  its groups (``boundedproc.run(user=)``; the grader must be root to use another user). The
+  user must exist where the checks run; one that does not grades every claim ``unrunnable``
+  (``runner-failure``), as any runner failure does.
+- ``--tmpdir`` runs every parse and check in a fresh private directory (its working directory
+  and ``TMPDIR``, owned by ``--user``), removed after it, whatever the check left there
+  (``boundedproc.run(tmpdir=True)``). The checks then have no ``--cwd``, so giving both is a
+  usage error (exit 2).
 - ``duration`` is the wall time of the whole verification of one claim (parse and run), in
   seconds; ``exit_code`` is that of the graded execution, ``null`` when nothing ran.
 - A claim refused with ``UncheckableClaimError`` (on its face, or by ``bash -n``) is reported as
@@ -33,9 +54,10 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -59,11 +81,13 @@ if TYPE_CHECKING:
 __all__ = [
     "ClaimLine",
     "ClaimOutcome",
+    "EnvFileError",
     "GradedFile",
     "grade_file",
     "main",
     "outcome_json",
     "parse_claims",
+    "read_env_file",
     "verify_claim",
     "verify_claims",
 ]
@@ -184,10 +208,13 @@ def parse_claims(lines: Iterable[bytes]) -> tuple[list[ClaimLine], list[str]]:
 def verify_claim(
     claim: ClaimLine,
     *,
-    cwd: str,
+    cwd: str | None,
     timeout: float | None,
     bash: str = "bash",
     cancel: Cancel | None = None,
+    env: Mapping[str, str] | None = None,
+    user: int | str | None = None,
+    tmpdir: bool = False,
 ) -> ClaimOutcome:
     """Verify one claim with ``verify_gradeable_evidence`` and time it.
 
@@ -196,10 +223,13 @@ def verify_claim(
 
     Args:
         claim: The claim.
-        cwd: Working directory of the check.
+        cwd: Working directory of the check; ``None`` with ``tmpdir``.
         timeout: Seconds for the parse and, separately, for the run.
         bash: The bash program.
         cancel: A ``boundedproc.Cancel`` shared by the whole pass (only for in-process executors).
+        env: The check's whole environment; ``None`` for an empty one.
+        user: Run the check as this user (``boundedproc.run``'s ``user=``).
+        tmpdir: Run the check in a fresh private directory instead of ``cwd``.
 
     Returns:
         The claim's outcome (without ``duplicate_of``).
@@ -207,7 +237,8 @@ def verify_claim(
     started = time.monotonic()
     try:
         verified = verify_gradeable_evidence(
-            claim.evidence, cwd=cwd, bash=bash, timeout=timeout, cancel=cancel
+            claim.evidence, cwd=cwd, bash=bash, timeout=timeout, cancel=cancel, env=env,
+            user=user, tmpdir=tmpdir,
         )
     except UncheckableClaimError as refused:
         grade = Grade(Verdict.UNCHECKABLE, refused.reason, refused.note)
@@ -224,13 +255,16 @@ def verify_claim(
 def verify_claims(
     claims: Sequence[ClaimLine],
     *,
-    cwd: str,
+    cwd: str | None,
     timeout: float | None = DEFAULT_TIMEOUT,
     jobs: int = 1,
     executor: Executor | None = None,
     bash: str = "bash",
     cancel: Cancel | None = None,
     on_done: Callable[[ClaimOutcome], None] | None = None,
+    env: Mapping[str, str] | None = None,
+    user: int | str | None = None,
+    tmpdir: bool = False,
 ) -> Generator[ClaimOutcome, None, None]:
     """Verify claims concurrently and yield their outcomes in input order, duplicates flagged.
 
@@ -257,6 +291,9 @@ def verify_claims(
             pipe of this process, meaningless elsewhere. Other executors' checks run without it.
         on_done: Called in the calling thread as each claim finishes, in completion order
             (for a progress bar).
+        env: The whole environment of every check; ``None`` for an empty one.
+        user: Run every check as this user (it must exist where the checks run).
+        tmpdir: Run every check in a fresh private directory; ``cwd`` must then be ``None``.
 
     Yields:
         One outcome per claim, in input order, as soon as it and all before it are done.
@@ -277,7 +314,8 @@ def verify_claims(
         for claim in claims:
             futures.append(
                 pool.submit(
-                    verify_claim, claim, cwd=cwd, timeout=timeout, bash=bash, cancel=check_cancel
+                    verify_claim, claim, cwd=cwd, timeout=timeout, bash=bash, cancel=check_cancel,
+                    env=env, user=user, tmpdir=tmpdir,
                 )
             )
         index_of = {future: index for index, future in enumerate(futures)}
@@ -317,27 +355,40 @@ def grade_file(
     jobs: int = 1,
     executor: Executor | None = None,
     bash: str = "bash",
+    env: Mapping[str, str] | None = None,
+    user: int | str | None = None,
+    tmpdir: bool = False,
 ) -> GradedFile:
     """Parse a claims file and verify every well-formed claim in it.
 
     Args:
         path: The JSON-lines claims file.
-        cwd: Working directory of the checks; ``None`` for the directory holding ``path``.
+        cwd: Working directory of the checks; ``None`` for the directory holding ``path``
+            (without ``tmpdir``).
         timeout: Seconds for each parse and each run.
         jobs: Checks run at once when no ``executor`` is given.
         executor: Where to run the checks (see ``verify_claims``).
         bash: The bash program.
+        env: The whole environment of every check; ``None`` for an empty one.
+        user: Run every check as this user.
+        tmpdir: Run every check in a fresh private directory instead of ``cwd``.
 
     Returns:
         The outcomes in file order and the malformed-line messages.
 
     Raises:
         OSError: ``path`` cannot be read.
+        ValueError: both ``cwd`` and ``tmpdir`` are given.
     """
+    if tmpdir and cwd is not None:
+        raise ValueError("tmpdir=True gives every check a fresh directory: it cannot go with cwd=")
     claims, errors = parse_claims(Path(path).read_bytes().splitlines())
-    workdir = os.fspath(cwd) if cwd is not None else str(Path(path).resolve().parent)
+    workdir: str | None = None
+    if not tmpdir:
+        workdir = os.fspath(cwd) if cwd is not None else str(Path(path).resolve().parent)
     outcomes = list(
-        verify_claims(claims, cwd=workdir, timeout=timeout, jobs=jobs, executor=executor, bash=bash)
+        verify_claims(claims, cwd=workdir, timeout=timeout, jobs=jobs, executor=executor,
+                      bash=bash, env=env, user=user, tmpdir=tmpdir)
     )
     return GradedFile(outcomes, errors)
 
@@ -402,6 +453,90 @@ class _Progress:
             self._bar.close()
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class EnvFileError(ValueError):
+    """An ``--env-file`` that cannot be used; the message is ``FILE:N: what`` or ``FILE: what``."""
+
+
+def read_env_file(
+    path: str | os.PathLike[str], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Read an ``--env-file`` (the ``docker run --env-file`` format; see the module docstring).
+
+    Args:
+        path: The file.
+        environ: Where a bare ``NAME`` line takes its value; ``None`` for ``os.environ``.
+
+    Returns:
+        The variables, in file order, a later line for a name winning.
+
+    Raises:
+        EnvFileError: The file cannot be read, is not UTF-8, or has a line that is not
+            ``NAME=VALUE``, ``NAME``, blank or a comment.
+    """
+    source = os.environ if environ is None else environ
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise EnvFileError(f"{os.fspath(path)}: cannot read: {exc.strerror or exc}") from None
+    found: dict[str, str] = {}
+    for number, line_bytes in enumerate(raw.split(b"\n"), start=1):
+        try:
+            line = line_bytes.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise EnvFileError(
+                f"{os.fspath(path)}:{number}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
+            ) from None
+        line = line.removesuffix("\r")
+        stripped = line.lstrip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        name, eq, value = stripped.partition("=")
+        if not _ENV_NAME.match(name):
+            raise EnvFileError(
+                f"{os.fspath(path)}:{number}: expected NAME=VALUE with NAME a variable name "
+                f"([A-Za-z_][A-Za-z0-9_]*), got {line!r}"
+            )
+        if eq:
+            found[name] = value
+        elif name in source:
+            found[name] = source[name]
+    return found
+
+
+def _check_environment(args: argparse.Namespace) -> dict[str, str] | None:
+    """The checks' environment from ``--env-file`` and ``--pass-env``; ``None`` for an empty one.
+
+    Raises:
+        EnvFileError: an ``--env-file`` cannot be used.
+    """
+    if not args.env_file and not args.pass_env:
+        return None
+    env: dict[str, str] = {}
+    for path in args.env_file:
+        env.update(read_env_file(path))
+    for name in args.pass_env:
+        if name in os.environ:
+            env[name] = os.environ[name]
+        else:
+            print(f"grader: --pass-env {name}: not set here, not passed", file=sys.stderr)
+    return env
+
+
+def _env_name(text: str) -> str:
+    if not _ENV_NAME.match(text):
+        raise argparse.ArgumentTypeError(f"not a variable name: {text!r}")
+    return text
+
+
+def _user(text: str) -> int | str:
+    if not text:
+        raise argparse.ArgumentTypeError("an empty user name")
+    return int(text) if text.isdigit() else text
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -455,7 +590,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog=(
             'Each input line is a JSON object: {"id": str, "title": str, "rung": 1-5, '
             '"check": str, "expect": str}; title, check and expect may be omitted, other keys '
-            "are ignored. Checks run in an empty environment. Output: one JSON line per claim "
+            "are ignored. Checks run in an empty environment but for --env-file and "
+            "--pass-env. Output: one JSON line per claim "
             "with id, verdict, reason, note, duplicate_of, exit_code and duration, in input "
             "order. A summary goes to stderr. Exit status: 0 all graded and none contradicted, "
             "1 some claim contradicted, 2 bad input (a malformed line is reported as "
@@ -512,6 +648,40 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out", metavar="FILE", help="write the JSON lines to FILE instead of stdout"
     )
+    parser.add_argument(
+        "--pass-env",
+        metavar="NAME",
+        type=_env_name,
+        action="append",
+        default=[],
+        help="give the checks this process's variable NAME (repeatable; e.g. --pass-env PATH)",
+    )
+    parser.add_argument(
+        "--env-file",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help=(
+            "give the checks the variables of FILE: NAME=VALUE lines, taken verbatim, as "
+            "docker run --env-file reads them (blank and #-comment lines skipped; a bare NAME "
+            "passes this process's value). Repeatable; later files and --pass-env win"
+        ),
+    )
+    parser.add_argument(
+        "--user",
+        metavar="USER",
+        type=_user,
+        default=None,
+        help="run the checks as USER (a name or a uid) with its groups; needs root",
+    )
+    parser.add_argument(
+        "--tmpdir",
+        action="store_true",
+        help=(
+            "run each check in a fresh private directory (its cwd and TMPDIR), removed after "
+            "it; excludes --cwd"
+        ),
+    )
     return parser
 
 
@@ -520,8 +690,9 @@ def _grade_pass(
     malformed: int,
     *,
     args: argparse.Namespace,
-    cwd: str,
+    cwd: str | None,
     executor: Executor | None,
+    env: Mapping[str, str] | None = None,
 ) -> int:
     """Grade the claims, write their lines and the summary; return the exit status."""
     out: IO[str]
@@ -548,6 +719,9 @@ def _grade_pass(
         executor=executor,
         cancel=cancel,
         on_done=progress.update,
+        env=env,
+        user=args.user,
+        tmpdir=args.tmpdir,
     )
     try:
         for outcome in results:
@@ -597,6 +771,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.tmpdir and args.cwd is not None:
+        parser.error("--tmpdir gives every check a fresh directory: it cannot go with --cwd")
     address: str | None = args.executor
     claims_path = Path(args.claims)
     try:
@@ -606,8 +782,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     cwd = Path(args.cwd) if args.cwd is not None else claims_path.resolve().parent
     # On a cluster the directory is the workers' and need not exist on this machine.
-    if address is None and not cwd.is_dir():
+    if address is None and not args.tmpdir and not cwd.is_dir():
         print(f"grader: --cwd {cwd} is not a directory", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        env = _check_environment(args)
+    except EnvFileError as exc:
+        print(f"grader: --env-file {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
     claims, errors = parse_claims(lines)
@@ -628,5 +809,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("grader: interrupted", file=sys.stderr)
                 return EXIT_INTERRUPTED
         return _grade_pass(
-            claims, len(errors), args=args, cwd=str(cwd.resolve()), executor=executor
+            claims,
+            len(errors),
+            args=args,
+            cwd=None if args.tmpdir else str(cwd.resolve()),
+            executor=executor,
+            env=env,
         )

@@ -5,8 +5,20 @@ it made itself (or that only records evidence) never loads the runner's compiled
 
 Decisions taken where SPEC section 3 is silent, in one place:
 
-- "Word character" (self-certification) means Python's ``\\w``: a letter, digit or underscore,
-  Unicode included.
+- "Word character" (self-certification, step 1) means ASCII ``[A-Za-z0-9_]``, as upstream's
+  JavaScript ``\\w`` (no ``u`` flag) does: an accented letter or an Arabic-Indic digit is not
+  one, so ``cat x\\u0663`` with expect ``x`` is self-certifying.
+- "Whitespace" (every trim, split and blank test) is JavaScript's ``\\s`` and
+  ``String.prototype.trim()`` set: the Unicode space separators (Zs), U+0009-U+000D, U+2028,
+  U+2029 and U+FEFF. U+0085 and U+001C-U+001F are not whitespace (Python's ``str.strip``,
+  ``str.split`` and ``\\s`` say they are), nor is U+180E. One set serves SPEC 3.2's ``output``,
+  step 1's blank check, constant emitter, first word and trimmed expectation, the blank
+  expectation of steps 7 and 8, and SPEC 3.4's trimmed check and expectation and normalised
+  title (``_trim``, ``_first_word``, ``_words``). So ``\\ufefftrue`` is a constant emitter and
+  ``true\\u0085`` is not.
+- ``UNRUNNABLE_SIGNATURES`` ignores ASCII case only, as upstream's ``/i`` does: no non-ASCII
+  character folds onto an ASCII letter, so ``No \\u017fuch file`` (long s) and a Kelvin sign for
+  ``k`` match no signature.
 - "``expect`` is found" is ``expect in output`` with ``expect`` exactly as recorded (untrimmed);
   only self-certification compares the trimmed expectation, as the spec says.
 - A ``verified`` reached through the refusal-control rule of step 7 carries no reason (no
@@ -77,11 +89,12 @@ _SIGNATURE_TOKENS = (
 )
 
 #: What a check prints when it never reached what its claim is about (calibrated upstream on 272
-#: graded runs). Case-insensitive. It reads only the check's own output: conditions the runner
-#: knows about (deadline, cancel, spawn failure, truncation, escape, resource limits) are fields of
+#: graded runs). ASCII case-insensitive, as upstream's ``/i``: U+017F and U+212A do not fold onto
+#: ``s`` and ``k``. It reads only the check's own output: conditions the runner knows about
+#: (deadline, cancel, spawn failure, truncation, escape, resource limits) are fields of
 #: ``CheckExecution`` and are never spelled into text for this pattern to find.
 UNRUNNABLE_SIGNATURES: re.Pattern[str] = re.compile(
-    "|".join(re.escape(token) for token in _SIGNATURE_TOKENS), re.IGNORECASE
+    "|".join(re.escape(token) for token in _SIGNATURE_TOKENS), re.ASCII | re.IGNORECASE
 )
 
 _RESOURCE_SIGNALS = frozenset(
@@ -295,7 +308,7 @@ class CheckExecution:
     term_signal: int | None = None
 
     @classmethod
-    def from_result(cls, result: Result) -> CheckExecution:
+    def from_result(cls, result: Result[str] | Result[bytes]) -> CheckExecution:
         """Build the execution ``grade_for`` reads from a ``boundedproc.Result``.
 
         Output captured as bytes is decoded as UTF-8 with replacement characters; ``runner_error``
@@ -384,12 +397,43 @@ class UncheckableClaimError(Exception):
         return f"a claim at rung {self.rung} cannot be graded at that rung ({self.reason}): {self.note}"
 
 
-_WORD = re.compile(r"\w")
+_WORD_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 _READS_SOMETHING_ELSE = re.compile(r"[|;&\n<`]|\$(?!['\"])")
+
+# ECMAScript's WhiteSpace and LineTerminator code points (JavaScript's `\s` and `trim()`): the Zs
+# separators, U+0009-U+000D, U+2028, U+2029 and U+FEFF. Listed rather than read from
+# `unicodedata`, so the set does not move with Python's Unicode version.
+_SPACE_CHARS = (
+    "\t\n\x0b\x0c\r \u00a0\u1680"
+    + "".join(map(chr, range(0x2000, 0x200B)))
+    + "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+_SPACE_CLASS = "[" + re.escape(_SPACE_CHARS) + "]"
+_SPACE = re.compile(_SPACE_CLASS)
+_SPACE_RUN = re.compile(_SPACE_CLASS + "+")
+
+
+def _trim(text: str) -> str:
+    """``text`` without leading and trailing whitespace, as JavaScript's ``trim()``."""
+    return text.strip(_SPACE_CHARS)
+
+
+def _first_word(text: str) -> tuple[str, str]:
+    """Split at the first whitespace character: (first word, the rest after that character)."""
+    match = _SPACE.search(text)
+    if match is None:
+        return text, ""
+    return text[: match.start()], text[match.end() :]
+
+
+def _words(text: str) -> list[str]:
+    """The runs of non-whitespace in ``text``, in order."""
+    trimmed = _trim(text)
+    return _SPACE_RUN.split(trimmed) if trimmed else []
 
 
 def _is_word(char: str) -> bool:
-    return _WORD.fullmatch(char) is not None
+    return char in _WORD_CHARS
 
 
 def _is_constant_emitter(check: str) -> bool:
@@ -399,21 +443,13 @@ def _is_constant_emitter(check: str) -> bool:
     command substitution, a variable, a pipe, a separator, a redirection from a file or a
     backtick in the arguments makes the check read something, so it is not refused.
     """
-    command = check.strip()
+    command = _trim(check)
     if command in ("true", ":"):
         return True
-    head, _, arguments = _split_first_word(command)
+    head, arguments = _first_word(command)
     if head not in ("echo", "printf"):
         return False
     return _READS_SOMETHING_ELSE.search(arguments) is None
-
-
-def _split_first_word(command: str) -> tuple[str, str, str]:
-    """Split at the first whitespace character: (first word, separator, rest)."""
-    match = re.search(r"\s", command)
-    if match is None:
-        return command, "", ""
-    return command[: match.start()], match.group(), command[match.end() :]
 
 
 def _is_self_certifying(check: str, expect: str | None) -> bool:
@@ -422,7 +458,7 @@ def _is_self_certifying(check: str, expect: str | None) -> bool:
     An occurrence does not count when a word character at an edge of the expectation touches a
     word character of the check, so expect ``6`` is not found in ``report6.mjs`` or ``grid8``.
     """
-    wanted = (expect or "").strip()
+    wanted = _trim(expect or "")
     if not wanted:
         return False
     starts_in_word = _is_word(wanted[0])
@@ -441,11 +477,11 @@ def _is_self_certifying(check: str, expect: str | None) -> bool:
 def _check_refusal(evidence: Evidence) -> Reason | None:
     """Step 1: the refusals that depend only on the check text (rung >= threshold)."""
     check = evidence.check
-    if check is None or not check.strip():
+    if check is None or not _trim(check):
         return Reason.NO_CHECK
     if _is_constant_emitter(check):
         return Reason.CONSTANT_EMITTER
-    if len(_split_first_word(check.lstrip())[0]) > _LONG_FIRST_WORD:
+    if len(_first_word(_trim(check))[0]) > _LONG_FIRST_WORD:
         return Reason.LONG_FIRST_WORD
     if _is_self_certifying(check, evidence.expect):
         return Reason.SELF_CERTIFYING
@@ -455,7 +491,7 @@ def _check_refusal(evidence: Evidence) -> Reason | None:
 def _expectation_refusal(evidence: Evidence) -> Reason | None:
     """Step 8: the refusals of the expectation itself (rung >= threshold)."""
     expect = evidence.expect
-    if expect is None or not expect.strip():
+    if expect is None or not _trim(expect):
         return Reason.NO_EXPECTATION
     if "\n" in expect or "\r" in expect:
         return Reason.MULTILINE_EXPECTATION
@@ -530,13 +566,13 @@ def grade_for(evidence: Evidence, execution: CheckExecution | None) -> Grade:
         name = signal.Signals(execution.term_signal).name
         return _unrunnable(Reason.RESOURCE_LIMIT, f"it was ended by {name}")
 
-    output = f"{execution.stdout}\n{execution.stderr}".strip()
+    output = _trim(f"{execution.stdout}\n{execution.stderr}")
     expect = evidence.expect
     if execution.exit_code != 0:
         refuted = _refutation(output, expect)
         if refuted.verdict is Verdict.UNRUNNABLE or _names_signature(expect):
             return refuted
-        if expect is not None and expect.strip() and expect in output:
+        if expect is not None and _trim(expect) and expect in output:
             # A refusal control: it exits non-zero and prints the refusal it promised.
             return Grade(
                 Verdict.VERIFIED,
@@ -596,7 +632,7 @@ def assert_gradeable_evidence(evidence: Evidence) -> Evidence:
 
 
 def _normalise_title(title: str) -> str:
-    folded = " ".join(title.split()).lower()
+    folded = " ".join(_words(title)).lower()
     return folded.removesuffix(".md")
 
 
@@ -612,11 +648,11 @@ def claim_key(evidence: Evidence, title: str | None) -> tuple[str, str, str] | N
         has no check or no title and so is never flagged. The title is trimmed, its inner
         whitespace collapsed, lowercased, and a trailing ``.md`` dropped.
     """
-    check = (evidence.check or "").strip()
+    check = _trim(evidence.check or "")
     normalised = _normalise_title(title or "")
     if not check or not normalised:
         return None
-    return check, (evidence.expect or "").strip(), normalised
+    return check, _trim(evidence.expect or ""), normalised
 
 
 class DuplicateMarker:

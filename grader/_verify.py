@@ -19,6 +19,7 @@ from ._grade import (
     UncheckableClaimError,
     Verdict,
     VerifiedEvidence,
+    _trim,
     assert_gradeable_evidence,
     grade_for,
     note_for,
@@ -35,17 +36,21 @@ _MIB = 1024 * 1024
 def _run_bash(
     argv: list[str],
     *,
-    cwd: str | os.PathLike[str],
+    cwd: str | os.PathLike[str] | None,
     env: Mapping[str, str] | None,
     timeout: float | None,
     max_output: int | None,
     cancel: Cancel | None,
+    user: int | str | None = None,
+    tmpdir: bool = False,
 ) -> CheckExecution:
     from boundedproc import run
 
     result = run(
         argv,
-        cwd=cwd,
+        cwd=None if tmpdir else cwd,
+        user=user,
+        tmpdir=tmpdir,
         # The exact environment the caller named and nothing else: a check is graded on what it
         # could read, so an inherited variable would make the grade depend on this process.
         env=dict(env) if env is not None else {},
@@ -90,13 +95,15 @@ def _stopped_parse_grade(evidence: Evidence, parse: CheckExecution) -> Grade | N
 def verify_gradeable_evidence(
     evidence: Evidence,
     *,
-    cwd: str | os.PathLike[str],
+    cwd: str | os.PathLike[str] | None,
     env: Mapping[str, str] | None = None,
     bash: str = "bash",
     timeout: float | None = 30.0,
     parse_timeout: float | None = None,
     max_output: int | None = _MIB,
     cancel: Cancel | None = None,
+    user: int | str | None = None,
+    tmpdir: bool = False,
 ) -> VerifiedEvidence:
     """Refuse, parse, run and grade a claim's check, as a blind grader would (SPEC 3.3).
 
@@ -116,7 +123,8 @@ def verify_gradeable_evidence(
 
     Args:
         evidence: The claim's evidence.
-        cwd: Directory the check runs in (required: a check must not depend on the caller's).
+        cwd: Directory the check runs in (required: a check must not depend on the caller's);
+            ``None`` only with ``tmpdir``.
         env: The whole environment of the check; ``None`` for an empty one.
         bash: The bash program, looked up on ``PATH`` of ``env`` (or ``os.defpath``).
         timeout: Seconds the check may run; ``None`` for no deadline.
@@ -125,16 +133,26 @@ def verify_gradeable_evidence(
         max_output: Bytes of combined stdout and stderr kept; a check that prints more is
             graded ``unrunnable``/``output-truncated``.
         cancel: A ``boundedproc.Cancel`` that stops the parse or the run when it fires.
+        user: Run the parse and the check as this user (a name or a uid; ``boundedproc.run``'s
+            ``user=``). A user this machine does not have grades ``unrunnable``
+            (``runner-failure``), since nothing ran.
+        tmpdir: Run the parse and the check each in a fresh private directory, its cwd and
+            ``TMPDIR``, removed after it (``boundedproc.run``'s ``tmpdir=``); ``cwd`` must then
+            be ``None``.
 
     Returns:
         The evidence, the execution that was graded (the parse's, when the parse was stopped)
         and its grade.
 
     Raises:
+        ValueError: ``cwd`` is ``None`` without ``tmpdir``, or given with it.
         UncheckableClaimError: The evidence is refused on its face (see
             ``assert_gradeable_evidence``), or bash ran ``-n`` and refused the check's syntax
             (reason ``invalid-shell-syntax``, with bash's own message in the note).
     """
+    if (cwd is None) != tmpdir:
+        raise ValueError("give cwd= or tmpdir=True (a fresh directory for each run), not both "
+                         "and not neither")
     accepted = assert_gradeable_evidence(evidence)
     check = accepted.check
     if check is None:
@@ -144,7 +162,8 @@ def verify_gradeable_evidence(
 
     def run_bash(argv: list[str], budget: float | None) -> CheckExecution:
         return _run_bash(
-            argv, cwd=cwd, env=env, timeout=budget, max_output=max_output, cancel=cancel
+            argv, cwd=cwd, env=env, timeout=budget, max_output=max_output, cancel=cancel,
+            user=user, tmpdir=tmpdir,
         )
 
     parse = run_bash([bash, "-n", "-c", check], timeout if parse_timeout is None else parse_timeout)
@@ -152,7 +171,7 @@ def verify_gradeable_evidence(
     if stopped is not None:
         return VerifiedEvidence(accepted, parse, stopped)
     if parse.exit_code != 0:
-        said = f"{parse.stdout}\n{parse.stderr}".strip()
+        said = _trim(f"{parse.stdout}\n{parse.stderr}")
         raise UncheckableClaimError(
             accepted.rung,
             Reason.INVALID_SHELL_SYNTAX,

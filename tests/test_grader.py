@@ -895,3 +895,27 @@ def test_verify_runs_checks_concurrently(tmp_path: Path) -> None:
         )
     assert all(g.verdict is Verdict.VERIFIED for g in grades)
     assert time.monotonic() - started < 3.0
+
+
+def test_verify_in_a_tmpdir_runs_the_check_in_a_fresh_directory() -> None:
+    """tmpdir=True: the parse and the check each run in a fresh directory, their cwd and TMPDIR."""
+    evidence = Evidence(rung=4, check='test "$PWD" = "$TMPDIR" && ls -A | wc -l', expect="0")
+    verified = verify_gradeable_evidence(evidence, cwd=None, tmpdir=True, timeout=20)
+    assert verified.grade.verdict is Verdict.VERIFIED, verified
+
+
+def test_verify_needs_exactly_one_of_cwd_and_tmpdir(tmp_path: Path) -> None:
+    """cwd= and tmpdir=True exclude each other, and one of them is needed (ValueError)."""
+    evidence = Evidence(rung=4, check="echo $((6*7))", expect="42")
+    with pytest.raises(ValueError, match="tmpdir"):
+        verify_gradeable_evidence(evidence, cwd=tmp_path, tmpdir=True)
+    with pytest.raises(ValueError, match="tmpdir"):
+        verify_gradeable_evidence(evidence, cwd=None)
+
+
+def test_verify_with_an_unknown_user_is_unrunnable(tmp_path: Path) -> None:
+    """A user= this machine does not have grades unrunnable/runner-failure, not contradicted."""
+    evidence = Evidence(rung=4, check="echo $((6*7))", expect="42")
+    verified = verify_gradeable_evidence(evidence, cwd=tmp_path, user="bp-no-such-user-0")
+    assert (verified.grade.verdict, verified.grade.reason) == (
+        Verdict.UNRUNNABLE, Reason.RUNNER_FAILURE)

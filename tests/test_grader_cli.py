@@ -6,9 +6,11 @@ import importlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -690,3 +692,136 @@ def test_interrupt_kills_running_checks(tmp_path: Path, leftovers: list[int]) ->
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert all(wait_for(lambda pid=pid: gone(pid), 5) for pid in pids)
+
+
+# --- the checks' environment, user and directory (--pass-env, --env-file, --user, --tmpdir) -
+
+
+def test_env_file_format(tmp_path: Path) -> None:
+    """NAME=VALUE verbatim; blank and # lines skipped; a bare NAME passes ours; later wins."""
+    path = tmp_path / "checks.env"
+    path.write_bytes(
+        b"# a comment\n\n   \nPLAIN=1\nQUOTED=\"kept as is\" \nEQ=a=b#not a comment\r\n"
+        b"  INDENTED=x\nEMPTY=\nFROM_HERE\nUNSET_HERE\nPLAIN=2\n"
+    )
+    env = cli.read_env_file(path, {"FROM_HERE": "ours"})
+    assert env == {"PLAIN": "2", "QUOTED": '"kept as is" ', "EQ": "a=b#not a comment",
+                   "INDENTED": "x", "EMPTY": "", "FROM_HERE": "ours"}
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"OK=1\nexport X=1\n", ":2: expected NAME=VALUE"),
+    (b"X = 1\n", ":1: expected NAME=VALUE"),
+    (b"=1\n", ":1: expected NAME=VALUE"),
+    (b"1X=1\n", ":1: expected NAME=VALUE"),
+    (b"X=\xff\n", ":1: not valid UTF-8"),
+])
+def test_env_file_bad_lines_are_errors(tmp_path: Path, content: bytes, message: str) -> None:
+    """A line that is not NAME=VALUE, NAME, blank or a comment is an error naming its line."""
+    path = tmp_path / "bad.env"
+    path.write_bytes(content)
+    with pytest.raises(cli.EnvFileError, match=re.escape(f"{path}{message}")):
+        cli.read_env_file(path, {})
+
+
+def test_env_flags_reach_every_check(
+    tmp_path: Path, fake: FakeVerify, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """--env-file then --pass-env build the checks' whole environment, passed to each claim."""
+    monkeypatch.setenv("BP_PASSED", "from-here")
+    monkeypatch.setenv("BP_BOTH", "pass-env wins")
+    monkeypatch.delenv("BP_UNSET", raising=False)
+    (tmp_path / "a.env").write_text("BP_FILE=a\nBP_BOTH=file\nBP_OVER=a\n")
+    (tmp_path / "b.env").write_text("BP_OVER=b\n")
+    path = write_claims(tmp_path, claim("one"), claim("two"))
+    argv = [str(path), "--env-file", str(tmp_path / "a.env"), "--env-file",
+            str(tmp_path / "b.env"), "--pass-env", "BP_PASSED", "--pass-env", "BP_BOTH",
+            "--pass-env", "BP_UNSET"]
+    assert cli.main(argv) == 0
+    expected = {"BP_FILE": "a", "BP_BOTH": "pass-env wins", "BP_OVER": "b",
+                "BP_PASSED": "from-here"}
+    assert [call["env"] for call in fake.calls] == [expected, expected]
+    assert "--pass-env BP_UNSET: not set here, not passed" in capsys.readouterr().err
+
+
+def test_without_env_flags_checks_get_an_empty_environment(
+    tmp_path: Path, fake: FakeVerify
+) -> None:
+    """No --env-file or --pass-env: env=None, the empty environment, as before."""
+    assert cli.main([str(write_claims(tmp_path, claim("one")))]) == 0
+    assert fake.calls[0]["env"] is None
+
+
+def test_a_bad_env_file_exits_two_before_grading(
+    tmp_path: Path, fake: FakeVerify, capsys: Any
+) -> None:
+    """An --env-file that is missing or malformed exits 2 and grades nothing."""
+    path = write_claims(tmp_path, claim("one"))
+    assert cli.main([str(path), "--env-file", str(tmp_path / "missing.env")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    (tmp_path / "bad.env").write_text("export X=1\n")
+    assert cli.main([str(path), "--env-file", str(tmp_path / "bad.env")]) == 2
+    assert "bad.env:1: expected NAME=VALUE" in capsys.readouterr().err
+    assert fake.calls == []
+
+
+def test_pass_env_needs_a_variable_name(tmp_path: Path, capsys: Any) -> None:
+    """--pass-env with something that is not a variable name is a usage error (exit 2)."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main([str(write_claims(tmp_path, claim("one"))), "--pass-env", "A=B"])
+    assert exited.value.code == 2
+    assert "not a variable name" in capsys.readouterr().err
+
+
+def test_user_and_tmpdir_pass_through(tmp_path: Path, fake: FakeVerify) -> None:
+    """--user (a name, or digits for a uid) and --tmpdir reach every check; no cwd with tmpdir."""
+    path = write_claims(tmp_path, claim("one"))
+    assert cli.main([str(path), "--user", "nobody", "--tmpdir"]) == 0
+    assert fake.calls[-1] | {"check": None} == {
+        "check": None, "cwd": None, "bash": "bash", "timeout": cli.DEFAULT_TIMEOUT,
+        "cancel": fake.calls[-1]["cancel"], "env": None, "user": "nobody", "tmpdir": True}
+    assert cli.main([str(path), "--user", "65534"]) == 0
+    assert fake.calls[-1]["user"] == 65534 and fake.calls[-1]["tmpdir"] is False
+    assert fake.calls[-1]["cwd"] == str(tmp_path.resolve())
+
+
+def test_tmpdir_and_cwd_exclude_each_other(tmp_path: Path, capsys: Any) -> None:
+    """--tmpdir with --cwd is a usage error (exit 2)."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main([str(write_claims(tmp_path, claim("one"))), "--tmpdir", "--cwd", str(tmp_path)])
+    assert exited.value.code == 2
+    assert "--tmpdir" in capsys.readouterr().err
+
+
+def test_real_run_with_pass_env_path_and_tmpdir(tmp_path: Path, capsys: Any) -> None:
+    """Through bash: --pass-env PATH is the check's PATH, --tmpdir its fresh, removed cwd."""
+    checks = [
+        claim("path", check='printf "%s\\n" "$PATH"', expect=os.environ["PATH"]),
+        claim("cwd", check='test "$PWD" = "$TMPDIR" && test ! -e claims.jsonl; echo $?',
+              expect="0"),
+        claim("mess", check="mkdir -p d/e && chmod a-rwx d/e d; echo $?", expect="0"),
+    ]
+    path = write_claims(tmp_path, *checks)
+    before = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("boundedproc-")}
+    assert cli.main([str(path), "--pass-env", "PATH", "--tmpdir"]) == 0
+    lines = output_lines(capsys.readouterr().out)
+    assert [(line["id"], line["verdict"]) for line in lines] == [
+        ("path", "verified"), ("cwd", "verified"), ("mess", "verified")]
+    after = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("boundedproc-")}
+    assert after <= before
+
+
+def test_real_run_with_an_env_file(tmp_path: Path, capsys: Any) -> None:
+    """Through bash: a variable of --env-file is what the check reads, verbatim."""
+    (tmp_path / "checks.env").write_text("ANSWER='42'\n")
+    path = write_claims(tmp_path, claim("answer", check='echo "$ANSWER"', expect="'42'"))
+    assert cli.main([str(path), "--env-file", str(tmp_path / "checks.env")]) == 0
+    assert output_lines(capsys.readouterr().out)[0]["verdict"] == "verified"
+
+
+def test_real_run_with_an_unknown_user_is_unrunnable(tmp_path: Path, capsys: Any) -> None:
+    """--user naming nobody this machine has grades unrunnable/runner-failure, never contradicted."""
+    path = write_claims(tmp_path, claim("one"))
+    assert cli.main([str(path), "--user", "bp-no-such-user-0"]) == 0
+    line = output_lines(capsys.readouterr().out)[0]
+    assert (line["verdict"], line["reason"]) == ("unrunnable", "runner-failure")

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import os
 import sys
+import threading
 import time
 import types
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ import psutil
 import pytest
 from conftest import wait_dead
 
-from boundedproc import CANCEL_EXIT_CODE, Cancel, Result
+from boundedproc import CANCEL_EXIT_CODE, Cancel, Job, Result
 from boundedproc._scale import run_async, run_many
 
 PY = sys.executable
@@ -154,13 +155,13 @@ def test_run_many_rejects_bad_options_before_reading_input() -> None:
     with pytest.raises(ValueError):
         run_many(commands(), timeout=-1)
     with pytest.raises(ValueError):
-        run_many(commands(), on_overflow="explode")
+        run_many(commands(), on_overflow="explode")  # type: ignore[call-overload]
     with pytest.raises(TypeError):
-        run_many(commands(), no_such_option=1)
+        run_many(commands(), no_such_option=1)  # type: ignore[call-overload]
     with pytest.raises(ValueError):
         run_many(commands(), jobs=0)
     with pytest.raises(TypeError):
-        run_many(commands(), jobs=2.5)  # type: ignore[arg-type]
+        run_many(commands(), jobs=2.5)  # type: ignore[call-overload]
     with pytest.raises(TypeError):
         run_many("echo hi")
     assert taken == []
@@ -265,7 +266,7 @@ def test_run_many_progress_without_tqdm_is_silent(monkeypatch: pytest.MonkeyPatc
 
 def test_run_async_returns_the_run_result() -> None:
     """run_async gives the same Result run() would: output, exit status, options applied."""
-    async def main() -> tuple[Result, Result]:
+    async def main() -> tuple[Result[bytes], Result[str]]:
         a = await run_async(["sh", "-c", "cat; echo err >&2; exit 3"], stdin=b"in", timeout=30)
         b = await run_async("echo $0", shell="sh", text=True, timeout=30)
         return a, b
@@ -278,7 +279,7 @@ def test_run_async_returns_the_run_result() -> None:
 
 def test_run_async_raises_caller_bugs_before_spawning() -> None:
     """Caller bugs raise from run_async exactly as from run(); OS failures are results."""
-    async def main() -> Result:
+    async def main() -> Result[bytes]:
         with pytest.raises(ValueError):
             await run_async("echo hi")  # a string without a shell
         with pytest.raises(ValueError):
@@ -286,7 +287,7 @@ def test_run_async_raises_caller_bugs_before_spawning() -> None:
         with pytest.raises(ValueError):
             await run_async(["true"], timeout=float("nan"))
         with pytest.raises(TypeError):
-            await run_async(["true"], cancel=object())
+            await run_async(["true"], cancel=object())  # type: ignore[call-overload]
         return await run_async(["/nonexistent/program"])
 
     missing = asyncio.run(main())
@@ -297,7 +298,7 @@ def test_run_async_calls_overlap() -> None:
     """Forty concurrent run_async calls are all alive at once (more than asyncio's executor)."""
     n = 40
 
-    async def main(folder: str) -> list[Result]:
+    async def main(folder: str) -> list[Result[bytes]]:
         barrier = (f"touch {folder}/$0; i=0; while [ $(ls {folder} | wc -l) -lt {n} ]; do "
                    "i=$((i+1)); [ $i -gt 400 ] && exit 9; sleep 0.05; done; echo met")
         return list(await asyncio.gather(*(
@@ -359,7 +360,7 @@ def test_run_async_timeout_context_becomes_timeout_error(tmp_path: Path,
                                                          reaper: list[int]) -> None:
     """asyncio.wait_for around run_async raises TimeoutError after the group is killed."""
     async def main() -> int:
-        async def watched() -> Result:
+        async def watched() -> Result[bytes]:
             return await run_async(["sh", "-c", f"sleep 60 & echo $! > {tmp_path}/bg; wait"],
                                    timeout=120)
 
@@ -385,7 +386,7 @@ def test_run_async_caller_cancel_still_works() -> None:
     """The caller's own cancel= ends a run_async run with a cancelled Result, not an exception."""
     switch = Cancel()
 
-    async def main() -> Result:
+    async def main() -> Result[bytes]:
         task = asyncio.ensure_future(run_async(["sleep", "60"], cancel=switch, timeout=120))
         await asyncio.sleep(0.2)
         switch.cancel()
@@ -397,7 +398,7 @@ def test_run_async_caller_cancel_still_works() -> None:
 
 def test_run_async_many_at_once_all_succeed() -> None:
     """Two hundred concurrent run_async calls each return their own correct result."""
-    async def main() -> list[Result]:
+    async def main() -> list[Result[bytes]]:
         return list(await asyncio.gather(*(
             run_async(["echo", str(k)], timeout=60) for k in range(200))))
 
@@ -408,7 +409,7 @@ def test_run_async_many_at_once_all_succeed() -> None:
 
 def test_run_async_accepts_a_one_shot_iterable_command() -> None:
     """An argument vector given as a generator is read once and run as given."""
-    r = asyncio.run(run_async((a for a in ["echo", "gen"]), timeout=30))  # type: ignore[arg-type]
+    r = asyncio.run(run_async((a for a in ["echo", "gen"]), timeout=30))  # type: ignore[call-overload]
     assert r.stdout == b"gen\n"
 
 
@@ -422,3 +423,109 @@ def test_run_many_accepts_generator_commands() -> None:
 def test_run_many_empty_input_yields_nothing() -> None:
     """No commands, no results, no error."""
     assert list(run_many(itertools.islice(iter([["true"]]), 0), timeout=30)) == []
+
+
+# ---- Job: per-run options in run_many (SPEC 9.4) ----------------------------------------
+
+def test_job_options_override_the_shared_ones_for_that_run_only(tmp_path: Path) -> None:
+    """A Job's cwd and stdin apply to its run; the others keep the shared timeout and cwd."""
+    own = tmp_path / "own"
+    own.mkdir()
+    results = list(run_many([
+        Job(["pwd"], cwd=own),
+        Job(["cat"], stdin=b"fed to job 2"),
+        ["pwd"],
+        ["sleep", "30"],
+        Job(["sh", "-c", "sleep 0.6; echo late"], timeout=30),
+    ], jobs=5, cwd=tmp_path, timeout=0.4))
+    assert results[0].stdout == f"{own}\n".encode()
+    assert results[1].stdout == b"fed to job 2"
+    assert results[2].stdout == f"{tmp_path}\n".encode()
+    assert results[3].timed_out and results[3].exit_code == 124
+    assert results[4].ok and results[4].stdout == b"late\n"
+
+
+def test_bad_option_in_job_three_of_five_raises_in_its_turn(tmp_path: Path) -> None:
+    """Jobs 1-2 yield their results, job 3's ValueError is raised next, jobs 4-5 never start."""
+    marks = [tmp_path / f"ran{k}" for k in range(5)]
+    items: list[Job | list[str]] = [Job(["touch", str(marks[0])]), ["touch", str(marks[1])],
+             Job(["touch", str(marks[2])], timeout=-1.0),
+             ["touch", str(marks[3])], Job(["touch", str(marks[4])])]
+    it = run_many(items, jobs=2, timeout=30)
+    assert next(it).ok and next(it).ok
+    with pytest.raises(ValueError, match="timeout"):
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+    assert [m.exists() for m in marks] == [True, True, False, False, False]
+
+
+def test_a_misspelt_job_option_is_a_type_error_in_its_turn() -> None:
+    """An unknown keyword in a Job is run()'s TypeError, raised when the job is reached."""
+    bad = Job(["true"], timout=3)  # type: ignore[call-arg]
+    it = run_many([["true"], bad], timeout=30)
+    assert next(it).ok
+    with pytest.raises(TypeError, match="timout"):
+        next(it)
+
+
+def test_a_job_cannot_change_text() -> None:
+    """text is shared by every result of one run_many: a Job setting it is a TypeError."""
+    it = run_many([Job(["true"], text=True)], timeout=30)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="text"):
+        next(it)
+
+
+def test_per_job_on_output_sees_that_jobs_output() -> None:
+    """A Job's own on_output is called with its chunks, in the worker thread, and no other's."""
+    seen: list[tuple[int, bytes, str]] = []
+
+    def record(stream: int, chunk: bytes) -> None:
+        seen.append((stream, chunk, threading.current_thread().name))
+
+    results = list(run_many([["echo", "other"], Job(["sh", "-c", "echo out; echo err >&2"],
+                                                    on_output=record)], timeout=30))
+    assert all(r.ok for r in results)
+    assert b"".join(c for s, c, _ in seen if s == 1) == b"out\n"
+    assert b"".join(c for s, c, _ in seen if s == 2) == b"err\n"
+    assert all(name.startswith("boundedproc-many") for _, _, name in seen)
+
+
+def test_job_shell_is_its_own_or_the_shared_one() -> None:
+    """A Job's string runs with its own shell=, else the shared one; vectors never get it."""
+    results = list(run_many([Job("echo $((6*7))"), Job(["echo", "v"]),
+                             Job("echo own", shell="/bin/sh")], shell=True, timeout=30))
+    assert [r.stdout for r in results] == [b"42\n", b"v\n", b"own\n"]
+    with pytest.raises(ValueError, match="shell"):
+        next(run_many([Job("echo no shell")], timeout=30))
+
+
+def test_job_is_frozen_comparable_and_picklable() -> None:
+    """A Job cannot be changed, equals one with the same command and options, survives pickle."""
+    import pickle
+
+    job = Job(["echo", "x"], cwd="/tmp", timeout=3)
+    assert job == Job(["echo", "x"], cwd="/tmp", timeout=3) != Job(["echo", "x"])
+    assert pickle.loads(pickle.dumps(job)) == job
+    assert repr(job) == "Job(['echo', 'x'], cwd='/tmp', timeout=3)"
+    with pytest.raises(AttributeError):
+        job.cmd = ["true"]  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        job.options["cwd"] = "/"  # type: ignore[index]
+
+
+def test_run_many_and_run_async_take_exactly_runs_keywords() -> None:
+    """run_many, run_async and Job spell out run()'s keywords, with run()'s defaults."""
+    import inspect
+
+    from boundedproc import run
+    from boundedproc._scale import JobOptions
+
+    def keywords(fn: Any) -> dict[str, Any]:
+        return {name: p.default for name, p in inspect.signature(fn).parameters.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    mine = keywords(run)
+    assert keywords(run_async) == mine
+    assert keywords(run_many) == {"progress": False, **mine}
+    assert set(JobOptions.__annotations__) == set(mine) - {"text"}

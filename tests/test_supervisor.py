@@ -129,7 +129,7 @@ def test_supervisor_killed_before_it_reports(parent_killer: Path, tmp_path: Path
     assert run(["echo", "ok"]).ok
 
 
-@pytest.mark.parametrize("free", range(0, 17))
+@pytest.mark.parametrize("free", range(17))
 def test_emfile_at_each_fd_count(free: int) -> None:
     """With 0..16 free fds a run is a result (ok or spawn failed: EMFILE), containment stays on."""
     out = child_python(f"""

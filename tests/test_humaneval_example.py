@@ -1,0 +1,27 @@
+"""examples/humaneval/grade.py: the bundled problems grade as the example says."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import importable_env
+
+SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "humaneval" / "grade.py"
+
+
+def test_example_grades_one_pass_one_failure_one_hostile_and_leaves_nothing() -> None:
+    """The correct candidate passes, the wrong one fails its assert, the hostile one times out."""
+    done = subprocess.run([sys.executable, str(SCRIPT), "--timeout", "2"], env=importable_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split()[:3] for line in lines[:3]] == [
+        ["bp/0", "count_runs", "passed"],
+        ["bp/1", "interleave", "failed:"],
+        ["bp/2", "digit_product", "failed:"],
+    ]
+    assert "AssertionError" in lines[1]
+    assert "timed out" in lines[2]
+    assert lines[3].startswith("passed 1 of 3") and lines[3].endswith("left behind: 0")

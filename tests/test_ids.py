@@ -1,0 +1,249 @@
+"""user= and group= (SPEC 9.4): resolving names and ids, and what the child runs as."""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+from conftest import importable_env
+
+from boundedproc import SPAWN_FAILURE_EXIT_CODE, Limits, run
+from boundedproc._ids import NO_CHANGE, Ids, Unresolved, resolve
+
+ROOT = os.geteuid() == 0
+NOBODY = pwd.getpwnam("nobody") if "nobody" in {p.pw_name for p in pwd.getpwall()} else None
+needs_root = pytest.mark.skipif(not ROOT or NOBODY is None,
+                                reason="needs root and a 'nobody' user")
+CONTAIN = pytest.mark.parametrize("contain", [True, False], ids=["contained", "uncontained"])
+
+
+def unused_name(prefix: str, taken: set[str]) -> str:
+    """A user or group name that this machine does not have."""
+    n = 0
+    while f"{prefix}{n}" in taken:
+        n += 1
+    return f"{prefix}{n}"
+
+
+def unused_uid() -> int:
+    """A uid without a passwd entry."""
+    taken = {p.pw_uid for p in pwd.getpwall()}
+    uid = 43210
+    while uid in taken:
+        uid += 1
+    return uid
+
+
+# ---- resolve(): pure lookups ---------------------------------------------------------
+
+def test_no_user_no_group_changes_nothing() -> None:
+    """Without user= and group= the caller's ids are kept."""
+    assert resolve(None, None) == NO_CHANGE == Ids(None, None, None)
+
+
+def test_user_name_gives_uid_primary_gid_and_its_group_list() -> None:
+    """A user name resolves to its uid, its primary gid and getgrouplist's groups."""
+    me = pwd.getpwuid(os.getuid())
+    ids = resolve(me.pw_name, None)
+    assert isinstance(ids, Ids)
+    assert (ids.uid, ids.gid) == (me.pw_uid, me.pw_gid)
+    assert ids.groups is not None and ids.groups[0] == me.pw_gid
+    assert set(ids.groups) == set(os.getgrouplist(me.pw_name, me.pw_gid))
+
+
+def test_uid_with_an_entry_resolves_as_its_name() -> None:
+    """A numeric uid that has a passwd entry resolves like that user's name."""
+    me = pwd.getpwuid(os.getuid())
+    assert resolve(me.pw_uid, None) == resolve(me.pw_name, None)
+
+
+def test_group_replaces_the_primary_gid_and_leads_the_groups() -> None:
+    """user= with group= keeps the uid and makes the group the primary one."""
+    me = pwd.getpwuid(os.getuid())
+    other = next((g for g in grp.getgrall() if g.gr_gid != me.pw_gid), None)
+    if other is None:
+        pytest.skip("needs a second group")
+    ids = resolve(me.pw_name, other.gr_name)
+    assert isinstance(ids, Ids)
+    assert (ids.uid, ids.gid) == (me.pw_uid, other.gr_gid)
+    assert ids.groups is not None and ids.groups[0] == other.gr_gid
+    assert resolve(me.pw_name, other.gr_gid) == ids
+
+
+def test_group_alone_keeps_the_uid_and_is_the_only_group() -> None:
+    """group= without user= leaves the uid and drops every other group."""
+    g = grp.getgrgid(os.getgid())
+    assert resolve(None, g.gr_name) == Ids(None, g.gr_gid, (g.gr_gid,))
+    assert resolve(None, 54321) == Ids(None, 54321, (54321,))
+
+
+def test_unknown_user_name_is_a_spawn_failure_text() -> None:
+    """An unknown user name is returned as 'spawn failed: ENOENT (no such user)', not raised."""
+    name = unused_name("bp-nouser", {p.pw_name for p in pwd.getpwall()})
+    found = resolve(name, None)
+    assert found == Unresolved(f"spawn failed: ENOENT (no such user): user {name!r}")
+
+
+def test_unknown_group_name_is_a_spawn_failure_text() -> None:
+    """An unknown group name is returned as 'spawn failed: ENOENT (no such group)'."""
+    name = unused_name("bp-nogroup", {g.gr_name for g in grp.getgrall()})
+    found = resolve("root" if ROOT else None, name)
+    assert isinstance(found, Unresolved)
+    assert found.runner_error == f"spawn failed: ENOENT (no such group): group {name!r}"
+
+
+def test_uid_without_an_entry_needs_a_group() -> None:
+    """A uid with no passwd entry has no primary group: refused alone, taken with group=."""
+    uid = unused_uid()
+    alone = resolve(uid, None)
+    assert isinstance(alone, Unresolved)
+    assert alone.runner_error.startswith(f"spawn failed: ENOENT (no such user): user {uid}")
+    assert resolve(uid, 54321) == Ids(uid, 54321, (54321,))
+
+
+def test_run_with_an_unknown_user_returns_a_result() -> None:
+    """run(user=<unknown>) spawns nothing and reports it in the Result, exit 127."""
+    name = unused_name("bp-nouser", {p.pw_name for p in pwd.getpwall()})
+    r = run(["true"], user=name, timeout=10)
+    assert not r.spawned and r.pid is None
+    assert r.exit_code == SPAWN_FAILURE_EXIT_CODE
+    assert r.runner_error == f"spawn failed: ENOENT (no such user): user {name!r}"
+
+
+def test_run_with_an_unknown_group_returns_a_result() -> None:
+    """run(group=<unknown>) spawns nothing and reports it in the Result."""
+    name = unused_name("bp-nogroup", {g.gr_name for g in grp.getgrall()})
+    r = run(["true"], group=name, timeout=10)
+    assert not r.spawned
+    assert r.runner_error == f"spawn failed: ENOENT (no such group): group {name!r}"
+
+
+# ---- what the child runs as (the core sets the ids) -----------------------------------
+
+@needs_root
+@CONTAIN
+def test_user_runs_the_command_as_that_uid(contain: bool) -> None:
+    """user='nobody' makes `id -u` print nobody's uid, and `id -g` its gid."""
+    assert NOBODY is not None
+    r = run(["sh", "-c", "id -u; id -g"], user="nobody", contain=contain, timeout=10)
+    assert r.ok, r
+    assert r.stdout.split() == [str(NOBODY.pw_uid).encode(), str(NOBODY.pw_gid).encode()]
+
+
+@needs_root
+@CONTAIN
+def test_user_by_uid_runs_as_that_uid(contain: bool) -> None:
+    """A numeric user= works like the name."""
+    assert NOBODY is not None
+    r = run(["id", "-u"], user=NOBODY.pw_uid, contain=contain, timeout=10)
+    assert r.ok, r
+    assert r.stdout.strip() == str(NOBODY.pw_uid).encode()
+
+
+@needs_root
+@CONTAIN
+def test_user_drops_the_callers_groups(contain: bool) -> None:
+    """The caller's supplementary groups (root's) are gone: the child has the user's only."""
+    assert NOBODY is not None
+    r = run(["id", "-G"], user="nobody", contain=contain, timeout=10)
+    assert r.ok, r
+    groups = {int(g) for g in r.stdout.split()}
+    expected = set(os.getgrouplist("nobody", NOBODY.pw_gid))
+    assert groups == expected
+    mine = (set(os.getgroups()) | {os.getgid()}) - expected
+    assert mine and not mine & groups
+
+
+@needs_root
+@CONTAIN
+def test_group_alone_sets_the_gid_and_the_only_group(contain: bool) -> None:
+    """group= alone: the uid stays root's, the gid and the group list are that group."""
+    assert NOBODY is not None
+    r = run(["sh", "-c", "id -u; id -g; id -G"], group=NOBODY.pw_gid, contain=contain,
+            timeout=10)
+    assert r.ok, r
+    uid, gid, *groups = r.stdout.split()
+    assert (int(uid), int(gid)) == (0, NOBODY.pw_gid)
+    assert [int(g) for g in groups] == [NOBODY.pw_gid]
+
+
+def _as_nobody(code: str) -> dict[str, object]:
+    """Run `code` in a Python child that imports boundedproc as root, then becomes nobody.
+
+    The interpreter of the test run may be unreadable by nobody (pyenv under /root), so the
+    child drops its ids itself once everything is imported; the code sets `out` to a dict.
+    """
+    assert NOBODY is not None
+    prog = (
+        "import json, os, sys\n"
+        "import boundedproc\n"
+        f"os.setgroups([]); os.setgid({NOBODY.pw_gid}); os.setuid({NOBODY.pw_uid})\n"
+        f"{code}\n"
+        "sys.stdout.write(json.dumps(out))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", prog], env=importable_env(), cwd="/",
+                          capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+@needs_root
+@CONTAIN
+def test_non_root_caller_cannot_become_another_user(contain: bool) -> None:
+    """A caller that is not root asking for user='root' gets a 'spawn failed: EPERM' result."""
+    out = _as_nobody(
+        f"r = boundedproc.run(['id', '-u'], user='root', contain={contain}, timeout=10)\n"
+        "out = dict(spawned=r.spawned, exit_code=r.exit_code, error=r.runner_error,\n"
+        "           stdout=r.stdout.decode())"
+    )
+    assert out["spawned"] is False, out
+    assert out["exit_code"] == SPAWN_FAILURE_EXIT_CODE
+    error = out["error"]
+    assert isinstance(error, str) and error.startswith("spawn failed: EPERM"), out
+    assert "setuid" in error or "setgroups" in error or "setgid" in error
+
+
+@needs_root
+def test_user_makes_max_processes_hold_as_root() -> None:
+    """A fork bomb under user= and Limits(max_processes=64) peaks near 64 processes, as root."""
+    assert NOBODY is not None
+
+    def nobody_processes() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["uids", "status"])
+                if p.info["uids"] is not None and p.info["uids"].real == NOBODY.pw_uid
+                and p.info["status"] != psutil.STATUS_ZOMBIE]
+
+    before = len(nobody_processes())
+    # bash goes on after a failed fork (dash's sh exits): the bomb presses on the limit
+    # until the deadline.
+    bomb = "while :; do sleep 5 & done 2>/dev/null"
+    peak = 0
+    stop = threading.Event()
+
+    def watch() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, len(nobody_processes()) - before)
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        r = run(["bash", "-c", bomb], user="nobody", limits=Limits(max_processes=64), timeout=2)
+    finally:
+        stop.set()
+        watcher.join()
+    assert r.timed_out, r
+    assert 32 <= peak <= 64, peak
+    deadline = time.monotonic() + 5
+    while len(nobody_processes()) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(nobody_processes()) <= before
