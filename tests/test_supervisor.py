@@ -52,7 +52,7 @@ def test_stopped_supervisor_keeps_the_bound() -> None:
     assert run(["echo", "next"]).stdout == b"next\n"
 
 
-def test_stopped_supervisor_ctrl_c() -> None:
+def test_stopped_supervisor_ctrl_c(tmp_path: Path) -> None:
     """Ctrl-C while the supervisor is stopped: KeyboardInterrupt within a second, nothing left."""
     out = child_python("""
         import os, signal, threading, time, json
@@ -69,7 +69,8 @@ def test_stopped_supervisor_ctrl_c() -> None:
             print(json.dumps({"raised": False}))
         except KeyboardInterrupt:
             print(json.dumps({"raised": True, "after": time.monotonic() - t}))
-        """, cwd=None)
+        """, cwd=tmp_path)
+    assert wait_dead(pids_in((tmp_path / "pid.txt").read_text())) == []
     data = json.loads(out.stdout.strip().splitlines()[-1])
     assert data["raised"] and data["after"] < 0.8 + 1.5
 
