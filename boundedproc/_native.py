@@ -14,8 +14,11 @@ import signal
 import sys
 import threading
 import types
+import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from boundedproc._version import __version__
 
@@ -93,6 +96,10 @@ _STAGES = {
     lib.BP_STAGE_THREAD: "pthread_create",
     lib.BP_STAGE_PRCTL: "prctl",
     lib.BP_STAGE_SUPERVISOR: "supervisor",
+    lib.BP_STAGE_SETGROUPS: "setgroups",
+    lib.BP_STAGE_SETGID: "setgid",
+    lib.BP_STAGE_SETUID: "setuid",
+    lib.BP_STAGE_MEMFD: "memfd_create",
 }
 
 
@@ -108,11 +115,30 @@ if core_version() != __version__:  # pragma: no cover - only on a stale build
     )
 
 
-CONTAIN_SUPPORTED: bool = bool(lib.bp_contain_supported())
-"""Whether contained runs are available (x86_64/aarch64 Linux with a subreaper)."""
+SUPERVISOR_PATH = os.path.join(os.path.dirname(os.path.abspath(str(_bp.__file__))), "_bp_supervisor")
+
+CONTAIN_SUPPORTED: bool = bool(lib.bp_contain_supported()) and os.access(SUPERVISOR_PATH, os.X_OK)
+"""Whether contained runs are available: Linux with a subreaper, and the
+supervisor program beside the core.  It turns False, with a warning, if the
+system refuses the supervisor outright (see ``containment_status``)."""
+
+_REFUSAL: str | None = None if CONTAIN_SUPPORTED else (
+    "unsupported here: containment needs Linux with PR_SET_CHILD_SUBREAPER"
+    if not lib.bp_contain_supported() else f"the supervisor program is missing: {SUPERVISOR_PATH}")
+
+# errnos that say "this system will not run a supervisor", as opposed to a
+# shortage of this moment (EMFILE, EAGAIN, ENOMEM: that run's spawn failure).
+_SYSTEMIC = {_errno.ENOSYS, _errno.EPERM, _errno.EINVAL, _errno.EACCES, _errno.ENOENT,
+             _errno.ENOEXEC, _errno.ENOTDIR}
 
 
 FD_CLOSED: int = lib.BP_FD_CLOSED
+"""A ``bp_spec`` stdio fd meaning: the child gets that fd closed."""
+
+
+def containment_status() -> str:
+    """``"available"``, or why runs are not contained here (``contain=None``)."""
+    return "available" if CONTAIN_SUPPORTED else str(_REFUSAL)
 
 KEEP_MODES: dict[str, int] = {"head": lib.BP_KEEP_HEAD, "tail": lib.BP_KEEP_TAIL,
                               "head+tail": lib.BP_KEEP_HEAD_TAIL}
@@ -122,6 +148,110 @@ KEEP_MODES: dict[str, int] = {"head": lib.BP_KEEP_HEAD, "tail": lib.BP_KEEP_TAIL
 def contain_default() -> bool:
     """Whether ``contain=None`` means a contained run here, now."""
     return CONTAIN_SUPPORTED
+
+
+class _Supervisor:
+    """One started supervisor (``struct bp_sup``), owned by one thread's pool."""
+
+    __slots__ = ("__weakref__", "ptr")
+
+    def __init__(self, ptr: object) -> None:
+        self.ptr = ptr
+
+    def usable(self) -> bool:
+        return self.ptr is not None and bool(lib.bp_sup_usable(self.ptr))
+
+    def free(self) -> None:
+        ptr, self.ptr = self.ptr, None
+        if ptr is not None:
+            lib.bp_sup_free(ptr)
+
+    def forget(self) -> None:
+        ptr, self.ptr = self.ptr, None
+        if ptr is not None:
+            lib.bp_sup_forget(ptr)
+
+    def __del__(self) -> None:
+        self.free()
+
+
+# One pool of idle supervisors per thread: a thread runs one command at a time
+# (two, when a signal handler runs one while another is in flight), so a run
+# never waits for a supervisor and an orphan is never attributed to another
+# thread's run.  A thread's pool goes with the thread (threading.local), and
+# its supervisors are freed (socket closed, reaped); a supervisor whose thread
+# ends without that also exits on its parent-death signal.
+_pool = threading.local()
+_every: weakref.WeakSet[_Supervisor] = weakref.WeakSet()
+_MAX_IDLE = 2
+
+
+def _forget_supervisors_after_fork() -> None:
+    # The child has none of them as children: drop our copies of their sockets.
+    global _pool
+    for sup in list(_every):
+        sup.forget()
+    _pool = threading.local()
+
+
+os.register_at_fork(after_in_child=_forget_supervisors_after_fork)
+
+
+@dataclass(frozen=True, slots=True)
+class _StartFailure:
+    stage: int
+    err: int
+
+
+def _refuse(stage: int, err: int) -> None:
+    global CONTAIN_SUPPORTED, _REFUSAL
+    CONTAIN_SUPPORTED = False
+    _REFUSAL = (f"refused by this system: the supervisor's {stage_name(stage)} failed with "
+                f"{errno_name(err)}; runs with contain=None are not contained")
+    warnings.warn(f"boundedproc: containment is off: {_REFUSAL}", RuntimeWarning, stacklevel=4)
+
+
+def _acquire(explicit: bool) -> _Supervisor | _StartFailure | None:
+    """An idle supervisor of this thread, or a new one.
+
+    Returns ``None`` when the system refuses supervisors for good and the run
+    did not ask for containment explicitly (it then runs uncontained), or the
+    failure to report as this run's spawn failure.
+    """
+    idle: list[_Supervisor] | None = getattr(_pool, "idle", None)
+    if idle is None:
+        idle = _pool.idle = []
+    while idle:
+        sup = idle.pop()
+        if sup.usable():
+            return sup
+        sup.free()
+    out = ffi.new("struct bp_sup **")
+    stage = ffi.new("int *")
+    if lib.bp_sup_start(SUPERVISOR_PATH.encode(), out, stage) < 0:
+        err = ffi.errno
+        if err in _SYSTEMIC and stage[0] != lib.BP_STAGE_FORK and stage[0] != lib.BP_STAGE_PIPE:
+            if not explicit:
+                _refuse(stage[0], err)
+                return None
+        return _StartFailure(stage[0], err)
+    sup = _Supervisor(out[0])
+    _every.add(sup)
+    return sup
+
+
+def _release(sup: _Supervisor) -> None:
+    idle: list[_Supervisor] | None = getattr(_pool, "idle", None)
+    if sup.usable() and idle is not None and len(idle) < _MAX_IDLE:
+        idle.append(sup)
+    else:
+        sup.free()
+
+
+def supervisor_pids() -> list[int]:
+    """The pids of this thread's idle supervisors (for tests and diagnostics)."""
+    idle: list[_Supervisor] = getattr(_pool, "idle", [])
+    return [int(lib.bp_sup_pid(s.ptr)) for s in idle if s.ptr is not None]
 
 
 class RunControl:
@@ -143,21 +273,6 @@ class RunControl:
         if self._run is None:
             return False
         return bool(lib.bp_signal(self._run, sig) == 0)
-
-
-def containment_refused(out: NativeOutcome) -> bool:
-    """Whether a contained run failed because this system refuses containment.
-
-    True when nothing was spawned and the failure is the supervisor's own
-    (its clone refused with EINVAL/ENOSYS/EPERM, or its signalfd or prctl
-    failing), never for a failure of the command (ENOENT, EAGAIN, ...).
-    """
-    if out.spawned:
-        return False
-    if out.err_stage in (lib.BP_STAGE_SUPERVISOR, lib.BP_STAGE_PRCTL):
-        return True
-    return out.err_stage == lib.BP_STAGE_FORK and out.err_errno in (
-        _errno.EINVAL, _errno.ENOSYS, _errno.EPERM)
 
 
 def stage_name(stage: int) -> str:
@@ -207,6 +322,10 @@ class NativeSpec:
     first_signal: int = signal.SIGTERM  # sent at the end when kill_grace_ns != 0
     new_session: bool = True  # False: the leader stays in our group, signalled alone
     keep: int = 0  # BP_KEEP_*
+    contain_explicit: bool = False  # contain=True: never fall back to uncontained
+    uid: int = -1  # setresuid before exec; -1: unchanged
+    gid: int = -1
+    groups: Sequence[int] | None = None  # setgroups before exec; None: unchanged
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,6 +524,15 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
     c.exit_watch = spec.exit_watch
     c.out_page_offset = _BYTES_PAGE_OFFSET
     c.contain = int(spec.contain)
+    c.uid = spec.uid
+    c.gid = spec.gid
+    if spec.groups is None:
+        c.ngroups = -1
+    else:
+        groups = ffi.new("uint32_t[]", list(spec.groups) or [0])
+        keep.append(groups)
+        c.groups = groups
+        c.ngroups = len(spec.groups)
     c.stdin_fd = spec.stdin_fd
     c.stdout_fd = spec.stdout_fd
     c.stderr_fd = spec.stderr_fd
@@ -418,13 +546,66 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
 
     res = ffi.new("struct bp_result *")
     handle = ffi.new("struct bp_run **")
+    sup: _Supervisor | None = None
+    if spec.contain:
+        got = _acquire(spec.contain_explicit)
+        if isinstance(got, _StartFailure):
+            return _spawn_failure(got)
+        sup = got
+    try:
+        return _drive(c, res, handle, sup, on_output, control)
+    finally:
+        if sup is not None:
+            _release(sup)
+
+
+def _spawn_failure(failure: _StartFailure) -> NativeOutcome:
+    """The outcome of a run whose supervisor could not be started (EMFILE, EAGAIN)."""
+    return NativeOutcome(
+        spawned=False, pid=0, exit_code=SPAWN_FAILURE_EXIT_CODE, term_signal=0,
+        timed_out=False, cancelled=False, output_truncated=False, escaped=False,
+        stdin_delivered=False, stdin_written=0, err_stage=failure.stage,
+        err_errno=failure.err, output_bytes=0, stdout=b"", stderr=b"", user_time=0.0,
+        system_time=0.0, max_rss=0, exit_watch=0, unkilled=0, stdout_omitted=0,
+        stderr_omitted=0, stdout_gap=None, stderr_gap=None)
+
+
+def _runner_failure(res: Any, sup_pid: int) -> str | None:
+    """What happened to the supervisor that failed the run, in words."""
+    how = res.runner_failed
+    if how == lib.BP_RUNNER_OK:
+        return None
+    status = res.runner_status
+    fate = ""
+    if status is not None and status >= 0:
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            try:
+                fate = f", killed by {signal.Signals(sig).name}"
+            except ValueError:
+                fate = f", killed by signal {sig}"
+        elif os.WIFEXITED(status):
+            fate = f", exited with status {os.WEXITSTATUS(status)}"
+    who = f"the containment supervisor (pid {sup_pid})" if sup_pid else "the containment supervisor"
+    if how == lib.BP_RUNNER_UNRESPONSIVE:
+        return (f"{who} did not answer within the run's bound (stopped?) and was killed; "
+                "the run's group was killed")
+    return f"{who} died during the run{fate}; the run's group was killed"
+
+
+def _drive(c: Any, res: Any, handle: Any, sup: _Supervisor | None,
+           on_output: Callable[[int, bytes], None] | None,
+           control: RunControl | None) -> NativeOutcome:
+    """Start the run and drive it to the end; the supervisor's pool is the caller's."""
+    sup_ptr = ffi.NULL if sup is None else sup.ptr
+    sup_pid = 0 if sup is None else int(lib.bp_sup_pid(sup.ptr))
     with _Wakeup() as wake:
         c.wake_fd = wake.fd
         # Everything from bp_start on is inside the try: a KeyboardInterrupt
         # that lands between its return and the loop must still free (kill,
         # reap) the run; bp_start sets handle[0] before it spawns.
         try:
-            if lib.bp_start(c, res, handle) < 0:
+            if lib.bp_start(c, res, sup_ptr, handle) < 0:
                 raise MemoryError("boundedproc: cannot allocate a run handle")
             run = handle[0]
             if control is not None:
@@ -483,4 +664,5 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
         stdout_gap=None if res.stdout_gap < 0 else res.stdout_gap,
         stderr_gap=None if res.stderr_gap < 0 else res.stderr_gap,
         raw_exit_code=res.raw_exit_code,
+        runner_failure=_runner_failure(res, sup_pid),
     )

@@ -338,6 +338,9 @@ def validate(
         raise TypeError(f"limits must be a boundedproc.Limits, not {type(limits).__name__}")
     if contain is not None and not isinstance(contain, bool):
         raise TypeError(f"contain must be a bool or None, not {type(contain).__name__}")
+    if contain and not _native.CONTAIN_SUPPORTED:
+        raise ValueError(f"contain=True is not available: {_native.containment_status()}; "
+                         "pass contain=None to contain where supported")
     if on_output is not None and not callable(on_output):
         raise TypeError(f"on_output must be callable or None, not {type(on_output).__name__}")
     for name, ident in (("user", user), ("group", group)):

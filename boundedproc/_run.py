@@ -121,11 +121,15 @@ def prepare(cmd: object, shell: object, options: Options) -> Prepared:
         rlimits_soft=soft,
         rlimits_hard=hard,
         contain=contain,
+        contain_explicit=options.contain is True,
         stdin_fd=_child_fd(options.stdin_fd, 0),
         stdout_fd=_child_fd(options.stdout_fd, 1),
         stderr_fd=_child_fd(options.stderr_fd, 2),
         first_signal=options.first_signal,
         new_session=options.new_session,
+        uid=-1 if ids.uid is None else ids.uid,
+        gid=-1 if ids.gid is None else ids.gid,
+        groups=None if ids.groups is None else tuple(ids.groups),
         keep=_native.KEEP_MODES[options.keep],
     )
     return Prepared(args, options, spec, ids=ids)

@@ -62,6 +62,15 @@
 #define BP_STAGE_THREAD 15
 #define BP_STAGE_PRCTL 16
 #define BP_STAGE_SUPERVISOR 17
+#define BP_STAGE_SETGROUPS 18
+#define BP_STAGE_SETGID 19
+#define BP_STAGE_SETUID 20
+#define BP_STAGE_MEMFD 21
+
+/* bp_result.runner_failed: what happened to the supervisor of a run. */
+#define BP_RUNNER_OK 0
+#define BP_RUNNER_DIED 1        /* it exited or was killed during the run */
+#define BP_RUNNER_UNRESPONSIVE 2 /* it did not answer in time (stopped?) and was killed */
 
 /* bp_spec.stdin_fd/stdout_fd/stderr_fd: the child gets that fd closed
  * (the caller's own was closed and it asked to pass it on). */
@@ -121,6 +130,10 @@ struct bp_spec {
                                      a hint that lets bp_take_output move pages, not copy */
     int64_t rlimits_soft[5];      /* BP_NRLIMITS entries, < 0: unchanged */
     int64_t rlimits_hard[5];
+    int64_t uid;                  /* setresuid before exec; < 0: unchanged */
+    int64_t gid;                  /* setresgid before exec; < 0: unchanged */
+    const uint32_t *groups;       /* setgroups before exec ... */
+    int ngroups;                  /* ... of this many; < 0: unchanged */
 };
 
 struct bp_result {
@@ -147,6 +160,8 @@ struct bp_result {
     int unkilled;                 /* contained run: adopted processes that could not be killed */
     uint64_t stdout_read;         /* bytes read from each stream, kept or not */
     uint64_t stderr_read;
+    int runner_failed;            /* BP_RUNNER_*: the supervisor failed the run; 0: it did not */
+    int runner_status;            /* its wait status when it was reaped, -1: unknown */
     int raw_exit_code;            /* the leader's own status (exit code, or 128 + signal),
                                      before the rules of SPEC 2.4 replace it; -1: unknown */
     int64_t stdout_gap;           /* index in the kept bytes where omitted ones were; -1: none */
@@ -154,9 +169,11 @@ struct bp_result {
 };
 
 struct bp_run;
+struct bp_sup;
 
 const char *bp_version(void);
-int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_run **out);
+int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_sup *sup,
+             struct bp_run **out);
 int bp_wait(struct bp_run *run);
 int bp_signal(struct bp_run *run, int sig);
 void bp_abort(struct bp_run *run);
@@ -165,3 +182,8 @@ int bp_chunk(struct bp_run *run, int *stream, const unsigned char **ptr, size_t 
 void bp_free(struct bp_run *run);
 int bp_group_alive(int pgid);
 int bp_contain_supported(void);
+int bp_sup_start(const char *path, struct bp_sup **out, int *stage);
+int bp_sup_usable(const struct bp_sup *sup);
+int bp_sup_pid(const struct bp_sup *sup);
+void bp_sup_free(struct bp_sup *sup);
+void bp_sup_forget(struct bp_sup *sup);

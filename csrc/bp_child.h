@@ -1,70 +1,117 @@
 /*
- * bp_child.h: what the core's vfork child (spawn.c) does before exec.  The
- * contained path (contain.c) does the same with raw system calls instead.
+ * bp_child.h: what a freshly vforked child does before it execs the command.
  *
- * Everything here runs between vfork() and execve(): async-signal-safe
- * calls only, no allocation, nothing written that the parent reads.
+ * One copy of the pre-exec steps serves both ways a command starts: the
+ * core's own vfork child (spawn.c, an uncontained run) and the supervisor's
+ * (supervisor.c, a contained run).  Everything here runs between vfork() and
+ * execve(): async-signal-safe calls only, no allocation, nothing written that
+ * the parent reads except through the error pipe.  Identity changes use the
+ * raw system calls: glibc's setuid() would broadcast the change to every
+ * thread of the process, and a vfork child would signal the parent's threads.
  */
 #ifndef BP_CHILD_H
 #define BP_CHILD_H
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #ifdef __linux__
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #endif
+
+#include <sys/socket.h>
+
+#include "bp_internal.h"  /* boundedproc.h has no guard: only through here */
+#include "bp_supervisor.h"
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
 #endif
 
-/* Every disposition back to its default: Python ignores SIGPIPE, and a
- * check must not inherit that (nor any handler, which exec resets anyway). */
-static inline void bp_child_default_signals(void)
+/* Everything the child needs, prepared before vfork(). */
+struct bp_child_args {
+    char *const *exec_paths;        /* candidates for execve, NULL-terminated */
+    char *const *argv;
+    char *const *envp;
+    const char *cwd;                /* NULL: unchanged */
+    int in;                         /* the child's 0, 1, 2 (above 2), or -1: leave closed */
+    int out;
+    int err;
+    int errpipe;                    /* close-on-exec; receives a struct bp_child_error */
+    int new_session;
+    const int64_t *rlimits_soft;    /* BP_NRLIMITS entries, < 0: unchanged */
+    const int64_t *rlimits_hard;
+    int64_t uid;                    /* < 0: unchanged */
+    int64_t gid;
+    const uint32_t *groups;         /* supplementary groups; ngroups < 0: unchanged */
+    int ngroups;
+    pid_t parent;                   /* die with it: exit at once if it is already gone */
+    int hello_fd;                   /* >= 0: send BP_MSG_LEADER with our pid there before exec */
+};
+
+struct bp_child_error {
+    int stage;
+    int err;
+};
+
+__attribute__((noreturn)) static inline void bp_child_fail(const struct bp_child_args *a,
+                                                            int stage, int err)
 {
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    for (int sig = 1; sig < NSIG; sig++) {
-        if (sig == SIGKILL || sig == SIGSTOP)
-            continue;
-        (void)sigaction(sig, &dfl, NULL);
-    }
+    struct bp_child_error ce;
+    ce.stage = stage;
+    ce.err = err;
+    ssize_t n;
+    do {
+        n = write(a->errpipe, &ce, sizeof ce);
+    } while (n < 0 && errno == EINTR);
+    _exit(BP_SPAWN_FAILURE_EXIT_CODE);
 }
 
-/* Make in, out, err the child's 0, 1, 2 (each above 2, or -1 for a stream
- * to leave closed).  Returns 0, or -1 with errno set. */
-static inline int bp_child_stdio(int in, int out, int err)
+static inline int bp_child_rlimit_resource(int index)
 {
-    int src[3] = {in, out, err};
-    for (int fd = 0; fd < 3; fd++) {
-        if (src[fd] < 0) {
-            (void)close(fd);
-        } else if (dup2(src[fd], fd) < 0) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* Leave only 0, 1, 2 and keep (which must be close-on-exec) open across
- * exec: every other fd is marked close-on-exec (or, without close_range,
- * closed). */
-static inline void bp_child_close_fds(int keep)
-{
-#if defined(__linux__) && defined(SYS_close_range)
-    if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0)
-        return;
+    switch (index) {
+    case BP_RLIMIT_CPU: return RLIMIT_CPU;
+    case BP_RLIMIT_AS: return RLIMIT_AS;
+#ifdef RLIMIT_NPROC
+    case BP_RLIMIT_NPROC: return RLIMIT_NPROC;
 #endif
-    long max = sysconf(_SC_OPEN_MAX);
-    if (max < 0 || max > (1L << 20))
-        max = 1L << 20;
-    for (int fd = 3; fd < (int)max; fd++)
-        if (fd != keep)
-            close(fd);
+    case BP_RLIMIT_FSIZE: return RLIMIT_FSIZE;
+    case BP_RLIMIT_NOFILE: return RLIMIT_NOFILE;
+    default: return -1;
+    }
+}
+
+static inline int bp_child_set_ids(const struct bp_child_args *a, int *stage)
+{
+#ifdef __linux__
+    if (a->ngroups >= 0) {
+        *stage = BP_STAGE_SETGROUPS;
+        if (syscall(SYS_setgroups, (size_t)a->ngroups, a->groups) < 0)
+            return -1;
+    }
+    if (a->gid >= 0) {
+        *stage = BP_STAGE_SETGID;
+        if (syscall(SYS_setresgid, (gid_t)a->gid, (gid_t)a->gid, (gid_t)a->gid) < 0)
+            return -1;
+    }
+    if (a->uid >= 0) {
+        *stage = BP_STAGE_SETUID;
+        if (syscall(SYS_setresuid, (uid_t)a->uid, (uid_t)a->uid, (uid_t)a->uid) < 0)
+            return -1;
+    }
+#else
+    if (a->ngroups >= 0 || a->gid >= 0 || a->uid >= 0) {
+        *stage = BP_STAGE_SETUID;
+        errno = ENOSYS;
+        return -1;
+    }
+#endif
+    return 0;
 }
 
 /* Try each candidate path as execvp does, except that ENOEXEC is reported
@@ -97,6 +144,91 @@ static inline int bp_child_exec(char *const *paths, char *const *argv, char *con
         }
     }
     return saw_eacces ? EACCES : last;
+}
+
+/*
+ * The pre-exec steps, in order: die with the parent; every disposition back
+ * to its default (Python ignores SIGPIPE, and a check must not inherit that,
+ * nor an ignored SIGCHLD); a new session; stdio; every other fd closed on
+ * exec; limits; cwd; groups, gid, uid; the signal mask emptied (the parent
+ * blocked every signal around vfork, so no handler ran in the borrowed
+ * address space); exec.  Never returns.
+ */
+__attribute__((noreturn)) static inline void bp_child_main(const struct bp_child_args *a)
+{
+#ifdef __linux__
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+        bp_child_fail(a, BP_STAGE_PRCTL, errno);
+    if (getppid() != a->parent)
+        _exit(BP_SPAWN_FAILURE_EXIT_CODE);  /* the parent is already gone */
+#endif
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++) {
+        if (sig == SIGKILL || sig == SIGSTOP)
+            continue;
+        (void)sigaction(sig, &dfl, NULL);
+    }
+    if (a->new_session && setsid() < 0)
+        bp_child_fail(a, BP_STAGE_SETSID, errno);
+
+    int src[3] = {a->in, a->out, a->err};
+    for (int fd = 0; fd < 3; fd++) {
+        if (src[fd] < 0)
+            (void)close(fd);
+        else if (dup2(src[fd], fd) < 0)
+            bp_child_fail(a, BP_STAGE_DUP, errno);
+    }
+#if defined(__linux__) && defined(SYS_close_range)
+    if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
+#endif
+    {
+        long max = sysconf(_SC_OPEN_MAX);
+        if (max < 0 || max > (1L << 20))
+            max = 1L << 20;
+        for (int fd = 3; fd < (int)max; fd++)
+            (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+
+    for (int i = 0; i < BP_NRLIMITS; i++) {
+        if (a->rlimits_soft[i] < 0 && a->rlimits_hard[i] < 0)
+            continue;
+        int resource = bp_child_rlimit_resource(i);
+        if (resource < 0)
+            bp_child_fail(a, BP_STAGE_RLIMIT, EINVAL);
+        struct rlimit rl;
+        if (getrlimit(resource, &rl) < 0)
+            bp_child_fail(a, BP_STAGE_RLIMIT, errno);
+        if (a->rlimits_soft[i] >= 0)
+            rl.rlim_cur = (rlim_t)a->rlimits_soft[i];
+        if (a->rlimits_hard[i] >= 0)
+            rl.rlim_max = (rlim_t)a->rlimits_hard[i];
+        if (setrlimit(resource, &rl) < 0)
+            bp_child_fail(a, BP_STAGE_RLIMIT, errno);
+    }
+    if (a->cwd != NULL && chdir(a->cwd) < 0)
+        bp_child_fail(a, BP_STAGE_CHDIR, errno);
+    int stage = 0;
+    if (bp_child_set_ids(a, &stage) < 0)
+        bp_child_fail(a, stage, errno);
+
+    sigset_t none;
+    sigemptyset(&none);
+    (void)sigprocmask(SIG_SETMASK, &none, NULL);
+    if (a->hello_fd >= 0) {
+        /* The core learns the leader's pid even if the supervisor dies
+         * between our exec and its own report. */
+        struct bp_sup_msg m;
+        memset(&m, 0, sizeof m);
+        m.type = BP_MSG_LEADER;
+        m.pid = (int32_t)getpid();
+        ssize_t n;
+        do {
+            n = send(a->hello_fd, &m, sizeof m, MSG_NOSIGNAL);
+        } while (n < 0 && errno == EINTR);
+    }
+    bp_child_fail(a, BP_STAGE_EXEC, bp_child_exec(a->exec_paths, a->argv, a->envp));
 }
 
 #endif

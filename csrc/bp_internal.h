@@ -104,18 +104,24 @@ struct bp_run {
     int64_t next_group_check_ns;
     int64_t group_check_step_ns;
     int sigkill_sent;
-    pid_t sup_pid;          /* the containment supervisor (our child), 0: none */
-    int ctl_fd;             /* our end of its command socket, -1: none */
-    void *sup_region;       /* its context and stacks, unmapped once it is reaped */
-    size_t sup_region_len;
+    struct bp_sup *sup;     /* the containment supervisor serving this run, NULL: none */
+    pid_t sup_pid;          /* its pid, 0: uncontained */
+    int ctl_fd;             /* unused (kept -1) */
+    int sup_dead;           /* it died (or stopped answering) during the run */
+    int64_t bound_end_ns;   /* start + timeout + kill_grace + drain_grace; -1: none */
 };
 
 /* spawn.c */
 int bp__spawn(struct bp_run *run);
 
-/* contain.c */
-pid_t bp__contain_clone(const struct bp_spec *spec, char *const *envp, int in_r, int out_w,
-                        int err_w, int ctl, int st, void **region, size_t *region_len);
+int bp__lift_pair(int p[2]);
+void bp__spawn_failed(struct bp_run *run, int stage, int err);
+
+/* sup.c */
+pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err);
+void bp__sup_signal(struct bp_run *run, int sig);
+void bp__sup_event(struct bp_run *run);
+int bp__sup_reap(struct bp_run *run);
 
 /* output.c */
 int bp__read_ready(struct bp_run *run, int out_ready, int err_ready);
@@ -132,5 +138,6 @@ void bp__close_fd(int *fd);
 void bp__signal_group(struct bp_run *run, int sig);
 int bp__reap(struct bp_run *run);
 void bp__finish_result(struct bp_run *run);
+void bp__record_status(struct bp_result *res, int status);
 
 #endif

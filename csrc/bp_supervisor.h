@@ -1,34 +1,76 @@
 /*
- * bp_supervisor.h: the wire protocol between the core and the containment
- * supervisor (contain.c), which the core clones for a contained run and
- * which starts the command.
+ * bp_supervisor.h: the wire protocol between the core (sup.c) and the
+ * containment supervisor program (supervisor.c).
  *
- *   core --ctl--> supervisor:  one byte per command on a socket:
- *       'T'  SIGTERM the leader's group and every adopted process
- *       'K'  SIGKILL them all, reap the leader, kill and reap every process
- *            adopted until none is left, send BP_MSG_FINAL and exit
- *       EOF  the core's process died: the same as 'K'
- *   supervisor --st--> core:  fixed-size struct bp_sup_msg records
- *       BP_MSG_SPAWNED        the leader exec'd; pid is its pid
- *       BP_MSG_SPAWN_FAILED   stage/err say why (BP_STAGE_*, errno)
- *       BP_MSG_EXITED         the leader exited (still unreaped)
- *       BP_MSG_FINAL          status/rusage of the leader, unkilled count; also
- *                             sent unasked, in place of EXITED, when the leader
- *                             exited and left nothing behind
+ * One SOCK_SEQPACKET socket pair per supervisor; the supervisor's end is its
+ * fd 3.  Every message is one record.
  *
- * The supervisor is a child subreaper: whatever the leader's descendants
- * orphan (setsid, double fork, daemonising) is reparented to it, so it can
- * kill and reap them by pid, and none of their pids can be reused meanwhile.
+ *   core -> supervisor
+ *     BP_CMD_RUN     struct bp_sup_cmd, with SCM_RIGHTS: the spec memfd (see
+ *                    below) and the child's stdin, stdout, stderr ends (the
+ *                    ones the command gets as 0, 1, 2; a stream whose bit is
+ *                    set in `closed` is left closed in the child, no fd sent)
+ *     BP_CMD_SIGNAL  send `sig` to the leader's group (the leader alone with
+ *                    new_session 0) and to every adopted orphan
+ *     BP_CMD_KILL    SIGKILL all of it, reap the leader, kill and reap every
+ *                    adopted process until none is left or `budget_ns` is
+ *                    spent, answer BP_MSG_FINAL, and wait for the next run
+ *     EOF            the core let go (or its process died): as KILL, then exit
+ *
+ *   supervisor -> core (struct bp_sup_msg)
+ *     BP_MSG_HELLO        at start: err 0, or the stage/errno that refused it
+ *     BP_MSG_LEADER       sent by the leader itself just before its exec: pid
+ *     BP_MSG_SPAWNED      the leader exec'd: pid
+ *     BP_MSG_SPAWN_FAILED stage/err say why; nothing is running
+ *     BP_MSG_EXITED       the leader exited (still unreaped)
+ *     BP_MSG_FINAL        the leader's status; rusage summed over every process
+ *                         reaped during the run (max_rss: the largest);
+ *                         unkilled: adopted processes left alive.  Also sent
+ *                         unasked, in place of EXITED, when the leader exited
+ *                         and left nothing behind.  `reusable` 0: the
+ *                         supervisor exits after it (something is left).
+ *
+ * The spec memfd holds, back to back: cwd (if has_cwd), argv, envp and the
+ * exec candidates as NUL-terminated strings, then ngroups uint32_t groups.
  */
 #ifndef BP_SUPERVISOR_H
 #define BP_SUPERVISOR_H
 
 #include <stdint.h>
 
-#define BP_MSG_SPAWNED 1
-#define BP_MSG_SPAWN_FAILED 2
-#define BP_MSG_EXITED 3
-#define BP_MSG_FINAL 4
+#define BP_CMD_RUN 1
+#define BP_CMD_SIGNAL 2
+#define BP_CMD_KILL 3
+
+#define BP_MSG_HELLO 1
+#define BP_MSG_LEADER 2
+#define BP_MSG_SPAWNED 3
+#define BP_MSG_SPAWN_FAILED 4
+#define BP_MSG_EXITED 5
+#define BP_MSG_FINAL 6
+
+/* The supervisor's end of the socket, in the supervisor. */
+#define BP_SUP_FD 3
+
+struct bp_sup_cmd {
+    int32_t type;
+    int32_t sig;            /* BP_CMD_SIGNAL */
+    int64_t budget_ns;      /* BP_CMD_KILL */
+    /* BP_CMD_RUN */
+    int32_t closed;         /* bit i: the child's fd i stays closed (no fd passed) */
+    int32_t new_session;
+    int32_t has_cwd;
+    int32_t argc;
+    int32_t envc;
+    int32_t npaths;
+    int32_t ngroups;        /* < 0: unchanged */
+    int32_t pad;
+    int64_t uid;
+    int64_t gid;
+    int64_t spec_len;       /* bytes in the memfd */
+    int64_t rlimits_soft[5];
+    int64_t rlimits_hard[5];
+};
 
 struct bp_sup_msg {
     int32_t type;
@@ -37,6 +79,8 @@ struct bp_sup_msg {
     int32_t err;
     int32_t status;
     int32_t unkilled;
+    int32_t reusable;
+    int32_t pad;
     int64_t utime_us;
     int64_t stime_us;
     int64_t maxrss_kb;

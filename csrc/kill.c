@@ -29,20 +29,14 @@ void bp__signal_group(struct bp_run *run, int sig)
         return;
     if (sig == SIGKILL)
         run->sigkill_sent = 1;
-    if (run->sup_pid > 0) {
-        /* The supervisor holds the leader unreaped and signals for us. */
-        char c[2] = {sig == SIGKILL ? 'K' : 'S', (char)sig};
-        size_t len = sig == SIGKILL ? 1 : 2;
-        ssize_t n;
-        do {
-            n = send(run->ctl_fd, c, len, MSG_NOSIGNAL);
-        } while (n < 0 && errno == EINTR);
+    if (run->sup != NULL) {
+        bp__sup_signal(run, sig);  /* it holds the leader unreaped and signals for us */
         return;
     }
     (void)kill(run->spec->new_session ? -run->pid : run->pid, sig);
 }
 
-static void record_status(struct bp_result *res, int status)
+void bp__record_status(struct bp_result *res, int status)
 {
     if (WIFEXITED(status)) {
         res->exit_code = WEXITSTATUS(status);
@@ -52,62 +46,6 @@ static void record_status(struct bp_result *res, int status)
         res->exit_code = 128 + res->term_signal;
     }
     res->raw_exit_code = res->exit_code;
-}
-
-/* Contained run: have the supervisor kill everything and reap the leader,
- * read its final report, then reap the supervisor (our only child here). */
-static int reap_supervised(struct bp_run *run)
-{
-    struct bp_result *res = run->res;
-    if (!run->sigkill_sent)
-        bp__signal_group(run, SIGKILL);
-    struct bp_sup_msg m;
-    size_t got = 0;
-    int final = 0;
-    while (!final) {
-        ssize_t n = read(run->exit_fd, (char *)&m + got, sizeof m - got);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                struct pollfd p = {run->exit_fd, POLLIN, 0};
-                (void)poll(&p, 1, -1);
-                continue;
-            }
-            break;
-        }
-        if (n == 0)
-            break;
-        got += (size_t)n;
-        if (got == sizeof m) {
-            got = 0;
-            final = m.type == BP_MSG_FINAL;
-        }
-    }
-    int status = 0;
-    while (waitpid(run->sup_pid, &status, 0) < 0 && errno == EINTR)
-        ;
-    run->sup_pid = 0;
-    if (run->sup_region != NULL) {  /* its stacks: only now that it is reaped */
-        munmap(run->sup_region, run->sup_region_len);
-        run->sup_region = NULL;
-    }
-    run->reaped = 1;
-    bp__close_fd(&run->exit_fd);
-    bp__close_fd(&run->ctl_fd);
-    if (!final) {
-        if (res->err_stage == BP_STAGE_NONE) {
-            res->err_stage = BP_STAGE_SUPERVISOR;
-            res->err_errno = EIO;
-        }
-        return -1;
-    }
-    record_status(res, m.status);
-    res->user_time = (double)m.utime_us / 1e6;
-    res->system_time = (double)m.stime_us / 1e6;
-    res->max_rss = m.maxrss_kb * 1024;
-    res->unkilled = m.unkilled;
-    return 0;
 }
 
 static double tv_seconds(struct timeval tv)
@@ -125,8 +63,8 @@ int bp__reap(struct bp_run *run)
 {
     if (run->pid <= 0 || run->reaped)
         return 0;
-    if (run->sup_pid > 0)
-        return reap_supervised(run);
+    if (run->sup != NULL)
+        return bp__sup_reap(run);
     if (run->watcher_started) {
         pthread_join(run->watcher, NULL);
         run->watcher_started = 0;
@@ -151,7 +89,7 @@ int bp__reap(struct bp_run *run)
         errno = e;
         return -1;
     }
-    record_status(res, status);
+    bp__record_status(res, status);
     res->user_time = tv_seconds(ru.ru_utime);
     res->system_time = tv_seconds(ru.ru_stime);
 #ifdef __APPLE__

@@ -65,7 +65,12 @@ static void enter_drain(struct bp_run *run)
 {
     run->phase = BP_PHASE_DRAIN;
     int64_t g = run->spec->drain_grace_ns;
-    run->drain_end_ns = bp__now_ns() + (g > 0 ? g : 0);
+    int64_t now = bp__now_ns();
+    run->drain_end_ns = now + (g > 0 ? g : 0);
+    /* A long final kill (a fork bomb) ate into the drain: the run's bound
+     * (SPEC 2.2 step 7) still holds, with a few ms to read what is buffered. */
+    if (run->bound_end_ns >= 0 && run->drain_end_ns > run->bound_end_ns)
+        run->drain_end_ns = run->bound_end_ns > now + 5000000 ? run->bound_end_ns : now + 5000000;
 }
 
 /* SIGKILL the group, reap the leader, start draining. */
@@ -116,7 +121,10 @@ static void finish(struct bp_run *run)
     bp__close_fd(&run->out.fd);
     bp__close_fd(&run->err.fd);
     close_stdin(run);
-    bp__close_fd(&run->exit_fd);
+    if (run->sup != NULL)
+        run->exit_fd = -1;  /* the supervisor's socket: borrowed, not ours to close */
+    else
+        bp__close_fd(&run->exit_fd);
     bp__close_fd(&run->watch_pipe_w);
     bp__close_fd(&run->ctl_fd);
     bp__finish_result(run);
@@ -169,8 +177,8 @@ static void *watcher_main(void *p)
 static int start_exit_watch(struct bp_run *run)
 {
     int mode = run->spec->exit_watch;
-    if (run->sup_pid > 0) {
-        run->res->exit_watch = BP_WATCH_SUPERVISOR;  /* its status socket is exit_fd */
+    if (run->sup != NULL) {
+        run->res->exit_watch = BP_WATCH_SUPERVISOR;  /* its socket is exit_fd */
         return 0;
     }
 #if defined(__linux__) && defined(SYS_pidfd_open)
@@ -217,22 +225,10 @@ static int start_exit_watch(struct bp_run *run)
  * or the supervisor's status socket (BP_MSG_EXITED, or EOF if it died). */
 static void note_exit_event(struct bp_run *run)
 {
-    if (run->sup_pid <= 0) {
+    if (run->sup != NULL)
+        bp__sup_event(run);
+    else
         run->leader_exited = 1;
-        return;
-    }
-    struct bp_sup_msg m;
-    ssize_t n;
-    do {
-        n = recv(run->exit_fd, &m, sizeof m, MSG_PEEK);
-    } while (n < 0 && errno == EINTR);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-        return;
-    if (n == (ssize_t)sizeof m && m.type == BP_MSG_EXITED)
-        (void)recv(run->exit_fd, &m, sizeof m, 0);
-    /* EXITED; FINAL (the supervisor finished on its own once the leader
-     * was alone: left unread for the reap); or EOF: the supervisor is gone. */
-    run->leader_exited = 1;
 }
 
 /* ---- public entry points ------------------------------------------------ */
@@ -246,7 +242,8 @@ static void note_exit_event(struct bp_run *run)
  * first and written by every later call on the handle; it and spec must stay
  * valid until bp_free().
  */
-int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_run **out)
+int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_sup *sup,
+             struct bp_run **out)
 {
     *out = NULL;
     memset(res, 0, sizeof *res);
@@ -259,6 +256,8 @@ int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_run **
     }
     run->res = res;
     run->spec = spec;
+    run->sup = sup;
+    run->bound_end_ns = -1;
     run->exit_fd = run->watch_pipe_w = run->stdin_fd = run->ctl_fd = -1;
     run->out.fd = run->err.fd = -1;
     run->deadline_ns = -1;
@@ -273,8 +272,16 @@ int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_run **
         return 0;
     }
     run->start_ns = bp__now_ns();
-    if (spec->timeout_ns >= 0)
+    if (spec->timeout_ns >= 0) {
         run->deadline_ns = run->start_ns + spec->timeout_ns;
+        if (spec->kill_grace_ns >= 0)
+            run->bound_end_ns = run->deadline_ns + spec->kill_grace_ns + spec->drain_grace_ns;
+    }
+    if (run->sup_dead) {
+        /* The supervisor died as the leader started: end the run now. */
+        res->end_reason = BP_END_ABORT;
+        run->leader_exited = 1;
+    }
     if (spec->stdin_len == 0)
         close_stdin(run);
 

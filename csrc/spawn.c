@@ -1,30 +1,20 @@
 /*
- * spawn.c: start the child with vfork semantics.
+ * spawn.c: give the child its stdio and start it.
  *
- * The parent's address space is never copied: vfork() lends it to the child
- * until execve() or _exit(), so the cost of a spawn does not grow with the
- * caller's memory.  While it is lent, the child writes nothing the parent
- * reads except through the error pipe, calls only async-signal-safe
- * functions, and allocates nothing: everything it needs was prepared first.
+ * An uncontained run is started here, with vfork: the parent's address space
+ * is never copied (vfork lends it to the child until execve() or _exit()), so
+ * the cost of a spawn does not grow with the caller's memory.  A contained
+ * run is handed to the run's supervisor (sup.c), which starts the command
+ * with the same pre-exec steps (bp_child.h).
  */
 #include "bp_internal.h"
 #include "bp_child.h"
-#include "bp_supervisor.h"
 
 #include <fcntl.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#ifdef __linux__
-#include <sys/prctl.h>
-#include <sys/syscall.h>
-#endif
 
 #ifdef __APPLE__
 /* A shared library cannot link against `environ` on macOS. */
@@ -33,23 +23,6 @@
 #else
 extern char **environ;
 #endif
-
-
-/* What the child reports over the error pipe when it cannot exec. */
-struct child_error {
-    int stage;
-    int err;
-};
-
-/* Everything the child needs, computed before vfork(). */
-struct child_ctx {
-    const struct bp_spec *spec;
-    int in_r;
-    int out_w;
-    int err_w;
-    int errpipe_w;
-    pid_t parent;           /* the caller's pid, to detect its death before exec */
-};
 
 /* Move fd to 3 or above so that dup2() onto 0..2 in the child never
  * clobbers another of our pipe ends (the caller may have closed its stdio). */
@@ -65,7 +38,7 @@ static int move_above_stdio(int fd)
 }
 
 /* Move both ends of a new pair above stdio; on failure close both. */
-static int lift_pair(int p[2])
+int bp__lift_pair(int p[2])
 {
     p[0] = move_above_stdio(p[0]);
     p[1] = move_above_stdio(p[1]);
@@ -98,22 +71,7 @@ static int make_pipe(int p[2])
         return -1;
     }
 #endif
-    return lift_pair(p);
-}
-
-/* A close-on-exec socket pair, both ends above stdio. */
-static int make_socketpair(int p[2])
-{
-#ifdef SOCK_CLOEXEC
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) < 0)
-        return -1;
-#else
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, p) < 0)
-        return -1;
-    (void)fcntl(p[0], F_SETFD, FD_CLOEXEC);
-    (void)fcntl(p[1], F_SETFD, FD_CLOEXEC);
-#endif
-    return lift_pair(p);
+    return bp__lift_pair(p);
 }
 
 static int set_nonblock(int fd)
@@ -124,111 +82,23 @@ static int set_nonblock(int fd)
     return fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
-__attribute__((noreturn)) static void child_fail(int fd, int stage, int err)
-{
-    struct child_error ce;
-    ce.stage = stage;
-    ce.err = err;
-    ssize_t n;
-    do {
-        n = write(fd, &ce, sizeof ce);
-    } while (n < 0 && errno == EINTR);
-    _exit(BP_SPAWN_FAILURE_EXIT_CODE);
-}
-
-static int rlimit_resource(int index)
-{
-    switch (index) {
-    case BP_RLIMIT_CPU: return RLIMIT_CPU;
-    case BP_RLIMIT_AS: return RLIMIT_AS;
-#ifdef RLIMIT_NPROC
-    case BP_RLIMIT_NPROC: return RLIMIT_NPROC;
-#endif
-    case BP_RLIMIT_FSIZE: return RLIMIT_FSIZE;
-    case BP_RLIMIT_NOFILE: return RLIMIT_NOFILE;
-    default: return -1;
-    }
-}
-
-/* Runs in the vfork child: set up and exec, or report why not and _exit. */
-__attribute__((noreturn, noinline)) static void child_main(const struct child_ctx *c)
-{
-    const struct bp_spec *spec = c->spec;
-    int efd = c->errpipe_w;
-
-    /* All signals are still blocked here (the parent blocked them before
-     * vfork), so no handler can run in this borrowed address space. */
-    bp_child_default_signals();
-
-    if (spec->new_session && setsid() < 0)
-        child_fail(efd, BP_STAGE_SETSID, errno);
-
-    if (bp_child_stdio(c->in_r, c->out_w, c->err_w) < 0)
-        child_fail(efd, BP_STAGE_DUP, errno);
-
-    bp_child_close_fds(efd);
-
-    for (int i = 0; i < BP_NRLIMITS; i++) {
-        if (spec->rlimits_soft[i] < 0 && spec->rlimits_hard[i] < 0)
-            continue;
-        int resource = rlimit_resource(i);
-        if (resource < 0)
-            child_fail(efd, BP_STAGE_RLIMIT, EINVAL);
-        struct rlimit rl;
-        if (getrlimit(resource, &rl) < 0)
-            child_fail(efd, BP_STAGE_RLIMIT, errno);
-        if (spec->rlimits_soft[i] >= 0)
-            rl.rlim_cur = (rlim_t)spec->rlimits_soft[i];
-        if (spec->rlimits_hard[i] >= 0)
-            rl.rlim_max = (rlim_t)spec->rlimits_hard[i];
-        if (setrlimit(resource, &rl) < 0)
-            child_fail(efd, BP_STAGE_RLIMIT, errno);
-    }
-
-    if (spec->cwd != NULL && chdir(spec->cwd) < 0)
-        child_fail(efd, BP_STAGE_CHDIR, errno);
-
-    char *const *envp = spec->envp != NULL ? spec->envp : environ;
-
-#ifdef __linux__
-    /* Uncontained run: at least the leader dies with the caller.  The
-     * signal fires when the spawning thread exits; that thread is blocked in
-     * the run for the leader's whole life, so this means the caller died. */
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
-        child_fail(efd, BP_STAGE_PRCTL, errno);
-    if (getppid() != c->parent)
-        _exit(BP_SPAWN_FAILURE_EXIT_CODE);  /* the caller is already gone */
-#endif
-
-    sigset_t none;
-    sigemptyset(&none);
-    (void)sigprocmask(SIG_SETMASK, &none, NULL);
-    child_fail(efd, BP_STAGE_EXEC, bp_child_exec(spec->exec_paths, spec->argv, envp));
-}
-
 /* vfork with every signal blocked, so that no handler of the caller runs in
  * the borrowed address space; the child empties its mask before exec.  Kept
  * in a frame of its own so no caller variable is live across vfork(). */
-__attribute__((noinline)) static pid_t spawn_child(const struct child_ctx *ctx, int *err)
+__attribute__((noinline)) static pid_t spawn_child(const struct bp_child_args *a, int *err)
 {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pid_t pid = vfork();
     if (pid == 0)
-        child_main(ctx);
+        bp_child_main(a);
     *err = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return pid;
 }
 
-static void close_pair(int p[2])
-{
-    bp__close_fd(&p[0]);
-    bp__close_fd(&p[1]);
-}
-
-static void spawn_failed(struct bp_run *run, int stage, int err)
+void bp__spawn_failed(struct bp_run *run, int stage, int err)
 {
     struct bp_result *res = run->res;
     res->spawned = 0;
@@ -250,49 +120,6 @@ static void spawn_failed(struct bp_run *run, int stage, int err)
     }
 }
 
-static ssize_t read_full(int fd, void *buf, size_t len)
-{
-    size_t got = 0;
-    while (got < len) {
-        ssize_t n = read(fd, (char *)buf + got, len - got);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        if (n == 0)
-            break;
-        got += (size_t)n;
-    }
-    return (ssize_t)got;
-}
-
-/* Read the supervisor's first report: the leader's pid, or why it failed. */
-static void read_spawn_report(int st, pid_t *leader, int *stage, int *err)
-{
-    struct bp_sup_msg m;
-    ssize_t n = read_full(st, &m, sizeof m);
-    if (n == (ssize_t)sizeof m && m.type == BP_MSG_SPAWNED) {
-        *leader = m.pid;
-    } else if (n == (ssize_t)sizeof m && m.type == BP_MSG_SPAWN_FAILED) {
-        *stage = m.stage;
-        *err = m.err;
-    } else {
-        *stage = BP_STAGE_SUPERVISOR;
-        *err = EIO;
-    }
-}
-
-/*
- * bp__spawn: create the pipes and start the child (for a contained run, the
- * supervisor that starts it: contain.c).
- * Returns 0.  When the OS refuses (pipe, vfork/clone, setsid, chdir,
- * setrlimit, execve, or the supervisor failed), res->spawned is 0 and
- * err_stage/err_errno say why; no fd is left open and no child unreaped.  On
- * success res->spawned is 1 and run->pid (the leader), run->stdin_fd,
- * run->out.fd, run->err.fd are set; for a contained run also run->sup_pid,
- * run->ctl_fd, run->exit_fd (the supervisor's status socket) and its region.
- */
 /* A close-on-exec copy of a caller's fd, above stdio, for the child's end of
  * one standard stream: the caller's fd itself is never touched. */
 static int dup_for_child(int fd)
@@ -300,157 +127,145 @@ static int dup_for_child(int fd)
     return fcntl(fd, F_DUPFD_CLOEXEC, 3);
 }
 
+/* The child's end of one stream into child[i] and, for a pipe, our end into
+ * ours (-1 otherwise).  Returns 0, or -1 with errno and *stage set. */
+static int stream_end(int given, int want_pipe, int is_input, int *child, int *ours, int *stage)
+{
+    *child = *ours = -1;
+    if (given == BP_FD_CLOSED || (given < 0 && !want_pipe))
+        return 0;
+    if (given >= 0) {
+        *stage = BP_STAGE_DUP;
+        return (*child = dup_for_child(given)) < 0 ? -1 : 0;
+    }
+    int p[2];
+    *stage = BP_STAGE_PIPE;
+    if (make_pipe(p) < 0)
+        return -1;
+    *child = is_input ? p[0] : p[1];
+    *ours = is_input ? p[1] : p[0];
+    return 0;
+}
+
+/* An uncontained start: vfork here, report through a close-on-exec pipe. */
+static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int *err)
+{
+    const struct bp_spec *spec = run->spec;
+    int ep[2];
+    if (make_pipe(ep) < 0) {
+        *stage = BP_STAGE_PIPE;
+        *err = errno;
+        return -1;
+    }
+    struct bp_child_args a;
+    memset(&a, 0, sizeof a);
+    a.exec_paths = spec->exec_paths;
+    a.argv = spec->argv;
+    a.envp = spec->envp != NULL ? spec->envp : environ;
+    a.cwd = spec->cwd;
+    a.in = child[0];
+    a.out = child[1];
+    a.err = child[2];
+    a.errpipe = ep[1];
+    a.new_session = spec->new_session;
+    a.rlimits_soft = spec->rlimits_soft;
+    a.rlimits_hard = spec->rlimits_hard;
+    a.uid = spec->uid;
+    a.gid = spec->gid;
+    a.groups = spec->groups;
+    a.ngroups = spec->ngroups;
+    a.parent = getpid();
+    a.hello_fd = -1;
+    int fork_errno = 0;
+    pid_t pid = spawn_child(&a, &fork_errno);
+    bp__close_fd(&ep[1]);
+    if (pid < 0) {
+        bp__close_fd(&ep[0]);
+        *stage = BP_STAGE_FORK;
+        *err = fork_errno;
+        return -1;
+    }
+    struct bp_child_error ce;
+    ssize_t n;
+    do {
+        n = read(ep[0], &ce, sizeof ce);
+    } while (n < 0 && errno == EINTR);
+    bp__close_fd(&ep[0]);
+    if (n != 0) {
+        int status;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+            ;
+        *stage = n == (ssize_t)sizeof ce ? ce.stage : BP_STAGE_EXEC;
+        *err = n == (ssize_t)sizeof ce ? ce.err : EIO;
+        return -1;
+    }
+    return pid;
+}
+
+/*
+ * bp__spawn: set up the child's stdio and start it, here (uncontained) or
+ * through run->sup (contained).
+ * Returns 0.  When the OS refused (pipe, vfork, setsid, chdir, setrlimit,
+ * setuid, execve, ...), res->spawned is 0 and err_stage/err_errno say why; no
+ * fd is left open and no child unreaped.  On success res->spawned is 1 and
+ * run->pid (the leader), run->stdin_fd, run->out.fd, run->err.fd are set.
+ */
 int bp__spawn(struct bp_run *run)
 {
     const struct bp_spec *spec = run->spec;
-    int in_p[2] = {-1, -1}, out_p[2] = {-1, -1}, err_p[2] = {-1, -1}, ep[2] = {-1, -1};
-    int ctl[2] = {-1, -1}, st[2] = {-1, -1};
-    int contained = spec->contain != 0;
-    int stage = BP_STAGE_PIPE;
-
-    /* The child's ends: a pipe (captured, or stdin's payload) or a copy of
-     * the fd the caller gave.  A bad fd is the command's spawn failure. */
-    int ok = 1;
-    if (spec->stdin_fd == BP_FD_CLOSED) {
-        /* the child's fd stays closed */
-    } else if (spec->stdin_fd >= 0) {
-        if ((in_p[0] = dup_for_child(spec->stdin_fd)) < 0) {
-            ok = 0;
-            stage = BP_STAGE_DUP;
-        }
-    } else if (make_pipe(in_p) < 0) {
-        ok = 0;
-    }
-    if (ok && spec->stdout_fd == BP_FD_CLOSED) {
-        /* the child's fd stays closed */
-    } else if (ok && spec->stdout_fd >= 0) {
-        if ((out_p[1] = dup_for_child(spec->stdout_fd)) < 0) {
-            ok = 0;
-            stage = BP_STAGE_DUP;
-        }
-    } else if (ok && make_pipe(out_p) < 0) {
-        ok = 0;
-    }
-    if (ok && spec->stderr_fd == BP_FD_CLOSED) {
-        /* the child's fd stays closed */
-    } else if (ok && spec->stderr_fd >= 0) {
-        if ((err_p[1] = dup_for_child(spec->stderr_fd)) < 0) {
-            ok = 0;
-            stage = BP_STAGE_DUP;
-        }
-    } else if (ok && !spec->merge_stderr && make_pipe(err_p) < 0) {
-        ok = 0;
-    }
-    if (ok && ((!contained && make_pipe(ep) < 0)
-               || (contained && (make_socketpair(ctl) < 0 || make_socketpair(st) < 0)))) {
-        ok = 0;
-        stage = BP_STAGE_PIPE;
-    }
-    if (!ok) {
+    int child[3] = {-1, -1, -1}, ours[3] = {-1, -1, -1};
+    int stage = 0;
+    int merged = spec->merge_stderr && spec->stderr_fd == -1;
+    if (stream_end(spec->stdin_fd, 1, 1, &child[0], &ours[0], &stage) < 0
+        || stream_end(spec->stdout_fd, 1, 0, &child[1], &ours[1], &stage) < 0
+        || stream_end(spec->stderr_fd, !merged, 0, &child[2], &ours[2], &stage) < 0) {
         int e = errno;
-        close_pair(in_p);
-        close_pair(out_p);
-        close_pair(err_p);
-        close_pair(ep);
-        close_pair(ctl);
-        close_pair(st);
-        spawn_failed(run, stage, e);
+        for (int i = 0; i < 3; i++) {
+            bp__close_fd(&child[i]);
+            bp__close_fd(&ours[i]);
+        }
+        bp__spawn_failed(run, stage, e);
+        return 0;
+    }
+    if (merged && child[1] >= 0 && (child[2] = dup_for_child(child[1])) < 0) {
+        int e = errno;
+        for (int i = 0; i < 3; i++) {
+            bp__close_fd(&child[i]);
+            bp__close_fd(&ours[i]);
+        }
+        bp__spawn_failed(run, BP_STAGE_DUP, e);
         return 0;
     }
 #if defined(__linux__) && defined(F_SETPIPE_SZ)
     /* A larger pipe means fewer wakeups per megabyte; refusal is harmless. */
-    if (out_p[0] >= 0)
-        (void)fcntl(out_p[0], F_SETPIPE_SZ, 1 << 20);
+    if (ours[1] >= 0)
+        (void)fcntl(ours[1], F_SETPIPE_SZ, 1 << 20);
 #endif
-    int err_w = spec->stderr_fd >= 0 || spec->stderr_fd == BP_FD_CLOSED || !spec->merge_stderr
-                    ? err_p[1] : out_p[1];
-
-    int fork_errno = 0;
-    pid_t pid;
-    if (contained) {
-        char *const *envp = spec->envp != NULL ? spec->envp : environ;
-        pid = bp__contain_clone(spec, envp, in_p[0], out_p[1], err_w, ctl[1], st[1],
-                                &run->sup_region, &run->sup_region_len);
-        fork_errno = errno;
-    } else {
-        struct child_ctx ctx;
-        ctx.spec = spec;
-        ctx.in_r = in_p[0];
-        ctx.out_w = out_p[1];
-        ctx.err_w = err_w;
-        ctx.errpipe_w = ep[1];
-        ctx.parent = getpid();
-        pid = spawn_child(&ctx, &fork_errno);
-    }
-
-    bp__close_fd(&in_p[0]);
-    bp__close_fd(&out_p[1]);
-    bp__close_fd(&err_p[1]);
-    bp__close_fd(&ep[1]);
-    bp__close_fd(&ctl[1]);
-    bp__close_fd(&st[1]);
-
-    if (pid < 0) {
-        close_pair(in_p);
-        close_pair(out_p);
-        close_pair(err_p);
-        close_pair(ep);
-        close_pair(ctl);
-        close_pair(st);
-        spawn_failed(run, BP_STAGE_FORK, fork_errno);
-        return 0;
-    }
 
     int err = 0;
-    stage = 0;
-    pid_t leader = pid;
-    if (contained) {
-        read_spawn_report(st[0], &leader, &stage, &err);
-    } else {
-        struct child_error ce;
-        ssize_t n = read_full(ep[0], &ce, sizeof ce);
-        bp__close_fd(&ep[0]);
-        if (n != 0) {
-            stage = n == (ssize_t)sizeof ce ? ce.stage : BP_STAGE_EXEC;
-            err = n == (ssize_t)sizeof ce ? ce.err : EIO;
-        }
-    }
+    pid_t pid;
+    if (run->sup != NULL)
+        pid = bp__sup_spawn(run, child, &stage, &err);
+    else
+        pid = start_here(run, child, &stage, &err);
+    for (int i = 0; i < 3; i++)
+        bp__close_fd(&child[i]);
 
-    if (stage != 0) {
-        /* Nothing was started: reap our child (the supervisor exits on EOF). */
-        int status;
-        close_pair(ctl);
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-            ;
-        if (run->sup_region != NULL) {
-            munmap(run->sup_region, run->sup_region_len);
-            run->sup_region = NULL;
-        }
-        close_pair(in_p);
-        close_pair(out_p);
-        close_pair(err_p);
-        close_pair(st);
-        spawn_failed(run, stage, err);
+    if (pid <= 0) {
+        for (int i = 0; i < 3; i++)
+            bp__close_fd(&ours[i]);
+        if (!run->res->spawned)
+            bp__spawn_failed(run, stage, err);
         return 0;
     }
-
-    run->pid = leader;
-    run->res->pid = (int)leader;
+    run->pid = pid;
+    run->res->pid = (int)pid;
     run->res->spawned = 1;
-    run->stdin_fd = in_p[1];
-    run->out.fd = out_p[0];
-    run->err.fd = err_p[0];
-    if (run->stdin_fd >= 0)
-        (void)set_nonblock(run->stdin_fd);
-    if (run->out.fd >= 0)
-        (void)set_nonblock(run->out.fd);
-    if (run->err.fd >= 0)
-        (void)set_nonblock(run->err.fd);
-    if (contained) {
-        run->sup_pid = pid;
-        run->ctl_fd = ctl[0];
-        run->exit_fd = st[0];
-        (void)set_nonblock(run->exit_fd);
-    }
+    run->stdin_fd = ours[0];
+    run->out.fd = ours[1];
+    run->err.fd = ours[2];
+    for (int i = 0; i < 3; i++)
+        if (ours[i] >= 0)
+            (void)set_nonblock(ours[i]);
     return 0;
 }

@@ -1,11 +1,658 @@
 /*
- * supervisor.c: the containment supervisor program (placeholder; the real
- * one lands with the reusable-supervisor work).  Built as the executable
- * boundedproc/_bp_supervisor next to the extension module.
+ * supervisor.c: the containment supervisor, a small program of its own.
+ *
+ * Why a program (exec'd once, then reused for run after run) and not a clone
+ * of the caller:
+ *   - it has its own memory: when the caller is OOM-killed (which kills every
+ *     process sharing the victim's memory) or corrupts its heap, the
+ *     supervisor lives on and kills the run;
+ *   - it starts from a clean state: no inherited signal disposition (an
+ *     ignored SIGCHLD would make the kernel reap our children behind our
+ *     back), no fd of the caller's but its socket, its own errno, so it can
+ *     use libc freely;
+ *   - reused, its exec is paid once per calling thread, not per run.
+ *
+ * Its life: it is the child of one calling thread (the core keeps one per
+ * thread, see boundedproc/_native.py), a child subreaper, and waits for
+ * BP_CMD_RUN on its socket (bp_supervisor.h).  For each run it vforks the
+ * leader with the shared pre-exec steps (bp_child.h), reports it, reaps
+ * adopted orphans as they die (their CPU time is summed into the run's), and
+ * at BP_CMD_KILL kills the leader's group and every process it adopted,
+ * reaps them all, reports, and is ready for the next run.  Nothing of one
+ * run survives into the next: a supervisor that could not kill everything
+ * (an escapee it may not signal) reports reusable=0 and exits.
+ *
+ * It dies with its caller: the caller's pidfd becomes readable when the
+ * caller's process exits (whatever killed it, even the OOM killer); the
+ * parent-death signal (SIGHUP, read from a signalfd and accepted only from
+ * the kernel on behalf of the caller) fires when the calling thread exits;
+ * and the socket reads EOF when the core lets go.  Any of them: kill
+ * everything, reap, exit.  The leader gets PR_SET_PDEATHSIG(SIGKILL) before
+ * its exec, so if the supervisor itself is killed, the leader dies with it
+ * and the core kills the group (sup.c).
+ *
+ * Finding the orphans: /proc/self/task/TID/children, but only when /proc
+ * belongs to our pid namespace (/proc/self names our own pid); otherwise
+ * (a pid namespace without its own /proc) the pids after the leader's are
+ * probed with waitid(WNOHANG|WNOWAIT), which only ever answers for our own
+ * children, so a bystander is never signalled.
  */
 #include "bp_internal.h"
+#include "bp_child.h"
+#include "bp_supervisor.h"
 
-int main(void)
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_KIDS 4096
+#define PROBE_SPAN 32768
+#define DEFAULT_BUDGET_NS 2000000000LL
+
+struct sup {
+    pid_t self;
+    pid_t caller;
+    int sock;
+    int sfd;              /* signalfd: SIGCHLD, SIGHUP (parent death) */
+    int caller_fd;        /* pidfd of the caller's process, -1: none */
+    int proc_ok;          /* /proc is our namespace's */
+    /* the current run */
+    pid_t leader;
+    int new_session;
+    int exited;
+    int64_t utime_us, stime_us, maxrss_kb;
+};
+
+static int64_t now_ns(void)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
+}
+
+static void send_msg(const struct sup *s, struct bp_sup_msg *m)
+{
+    ssize_t n;
+    do {
+        n = send(s->sock, m, sizeof *m, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+}
+
+static void send_simple(const struct sup *s, int type, int pid, int stage, int err)
+{
+    struct bp_sup_msg m;
+    memset(&m, 0, sizeof m);
+    m.type = type;
+    m.pid = pid;
+    m.stage = stage;
+    m.err = err;
+    send_msg(s, &m);
+}
+
+static void account(struct sup *s, const struct rusage *ru)
+{
+    s->utime_us += (int64_t)ru->ru_utime.tv_sec * 1000000 + ru->ru_utime.tv_usec;
+    s->stime_us += (int64_t)ru->ru_stime.tv_sec * 1000000 + ru->ru_stime.tv_usec;
+    if ((int64_t)ru->ru_maxrss > s->maxrss_kb)
+        s->maxrss_kb = (int64_t)ru->ru_maxrss;
+}
+
+/* Reap one child that is known to have died (or may have: WNOHANG). */
+static int reap_one(struct sup *s, pid_t pid, int flags, int *status)
+{
+    struct rusage ru;
+    memset(&ru, 0, sizeof ru);
+    int st = 0;
+    pid_t r;
+    do {
+        r = wait4(pid, &st, flags, &ru);
+    } while (r < 0 && errno == EINTR);
+    if (r > 0) {
+        account(s, &ru);
+        if (status != NULL)
+            *status = st;
+    }
+    return r > 0;
+}
+
+/* ---- our children ---------------------------------------------------------- */
+
+static long parse_pids(const char *buf, size_t len, pid_t skip, pid_t *out, long n)
+{
+    long v = -1;
+    for (size_t i = 0; i <= len; i++) {
+        char ch = i < len ? buf[i] : ' ';
+        if (ch >= '0' && ch <= '9') {
+            v = (v < 0 ? 0 : v * 10) + (ch - '0');
+        } else if (v >= 0) {
+            if (v != skip && n < MAX_KIDS)
+                out[n++] = (pid_t)v;
+            v = -1;
+        }
+    }
+    return n;
+}
+
+/* Every child of ours but `skip`, from /proc when it is ours, else probed. */
+static long list_children(const struct sup *s, pid_t skip, pid_t *out)
+{
+    long n = 0;
+    if (s->proc_ok) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)s->self);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            /* One read of a large buffer; the kernel fills it from a
+             * consistent walk of our children list. */
+            static char buf[MAX_KIDS * 12];
+            size_t got = 0;
+            for (;;) {
+                ssize_t r = read(fd, buf + got, sizeof buf - got);
+                if (r < 0 && errno == EINTR)
+                    continue;
+                if (r <= 0)
+                    break;
+                got += (size_t)r;
+                if (got == sizeof buf)
+                    break;
+            }
+            close(fd);
+            return parse_pids(buf, got, skip, out, 0);
+        }
+    }
+    /* Probe: a descendant's pid was allocated after the leader's. */
+    pid_t base = s->leader > 0 ? s->leader : 1;
+    for (long i = 1; i <= PROBE_SPAN && n < MAX_KIDS; i++) {
+        long p = (long)base + i;
+        if (p > (1L << 22))
+            p -= (1L << 22);
+        if ((pid_t)p == skip || (pid_t)p == s->self)
+            continue;
+        siginfo_t info;
+        memset(&info, 0, sizeof info);
+        if (waitid(P_PID, (id_t)p, &info, WEXITED | WSTOPPED | WCONTINUED | WNOHANG | WNOWAIT) == 0)
+            out[n++] = (pid_t)p;
+    }
+    return n;
+}
+
+/* Reap every adopted orphan that has died (never the leader: its zombie
+ * keeps the group id ours). */
+static void reap_orphans(struct sup *s)
+{
+    for (;;) {
+        siginfo_t info;
+        memset(&info, 0, sizeof info);
+        if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) < 0 || info.si_pid == 0)
+            return;
+        if (info.si_pid == s->leader) {
+            /* The first zombie in the list is the leader: reap the others
+             * by name. */
+            pid_t kids[MAX_KIDS];
+            long n = list_children(s, s->leader, kids);
+            for (long i = 0; i < n; i++)
+                (void)reap_one(s, kids[i], WNOHANG, NULL);
+            return;
+        }
+        (void)reap_one(s, info.si_pid, WNOHANG, NULL);
+    }
+}
+
+/* Signal the leader's group (while the leader is unreaped) and every
+ * adopted child and its group.  Returns how many adopted children live. */
+static long signal_round(struct sup *s, int leader_reaped, int sig)
+{
+    pid_t kids[MAX_KIDS];
+    if (!leader_reaped && s->leader > 0)
+        (void)kill(s->new_session ? -s->leader : s->leader, sig);
+    long n = list_children(s, s->leader, kids);
+    for (long i = 0; i < n; i++) {
+        /* Each is our unreaped child: its pid, and its group id when it
+         * leads one, cannot be reused meanwhile. */
+        if (getpgid(kids[i]) == kids[i])
+            (void)kill(-kids[i], sig);
+        (void)kill(kids[i], sig);
+    }
+    long alive = 0;
+    for (long i = 0; i < n; i++)
+        if (!reap_one(s, kids[i], WNOHANG, NULL))
+            alive++;
+    return alive;
+}
+
+static void nap_ms(long ms)
+{
+    struct timespec ts = {0, ms * 1000000L};
+    (void)nanosleep(&ts, NULL);
+}
+
+/* Kill everything, reap the leader and every orphan, report FINAL. */
+static void finish(struct sup *s, int64_t budget_ns, int report)
+{
+    struct bp_sup_msg m;
+    memset(&m, 0, sizeof m);
+    m.type = BP_MSG_FINAL;
+    m.pid = (int32_t)s->leader;
+    (void)signal_round(s, 0, SIGKILL);
+    int status = 0;
+    (void)reap_one(s, s->leader, 0, &status);
+    m.status = status;
+
+    /* Orphans keep arriving while their parents die: repeat until none is
+     * left or the budget is spent. */
+    int64_t until = now_ns() + (budget_ns > 0 ? budget_ns : DEFAULT_BUDGET_NS);
+    long left = 0;
+    for (int round = 0;; round++) {
+        left = signal_round(s, 1, SIGKILL);
+        while (reap_one(s, -1, WNOHANG, NULL))
+            ;
+        if (left == 0 || now_ns() > until)
+            break;
+        nap_ms(round < 10 ? 1 : 10);
+    }
+    m.unkilled = (int32_t)left;
+    m.reusable = left == 0;
+    m.utime_us = s->utime_us;
+    m.stime_us = s->stime_us;
+    m.maxrss_kb = s->maxrss_kb;
+    s->leader = 0;
+    s->exited = 0;
+    if (report)
+        send_msg(s, &m);
+    if (left > 0)
+        _exit(0);  /* something of this run lives on: never reuse us */
+}
+
+/* ---- one run ----------------------------------------------------------------- */
+
+struct run_fds {
+    int spec;
+    int std[3];
+};
+
+static int recv_cmd(struct sup *s, struct bp_sup_cmd *cmd, struct run_fds *fds)
+{
+    char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+    struct iovec iov = {cmd, sizeof *cmd};
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    fds->spec = -1;
+    fds->std[0] = fds->std[1] = fds->std[2] = -1;
+    ssize_t n;
+    do {
+        n = recvmsg(s->sock, &mh, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0)
+        return -1;  /* EOF: the core let go */
+    int got[4] = {-1, -1, -1, -1};
+    int ngot = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t i = 0; i < k && ngot < 4; i++)
+                memcpy(&got[ngot++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        }
+    }
+    if (n != (ssize_t)sizeof *cmd) {
+        for (int i = 0; i < ngot; i++)
+            close(got[i]);
+        cmd->type = 0;
+        return 0;
+    }
+    if (cmd->type == BP_CMD_RUN) {
+        int k = 0;
+        fds->spec = k < ngot ? got[k++] : -1;
+        for (int i = 0; i < 3; i++)
+            if (!(cmd->closed & (1 << i)))
+                fds->std[i] = k < ngot ? got[k++] : -1;
+    } else {
+        for (int i = 0; i < ngot; i++)
+            close(got[i]);
+    }
     return 0;
+}
+
+/* Split n NUL-terminated strings starting at *p into a NULL-terminated array. */
+static char **split(char **p, char *end, int n)
+{
+    char **v = calloc((size_t)n + 1, sizeof *v);
+    if (v == NULL)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        if (*p >= end) {
+            free(v);
+            return NULL;
+        }
+        v[i] = *p;
+        *p += strlen(*p) + 1;
+    }
+    return v;
+}
+
+/* In a frame of its own, so no caller variable is live across vfork().
+ * Every signal is blocked here already, as the child needs. */
+__attribute__((noinline)) static pid_t vfork_leader(const struct bp_child_args *a, int *err)
+{
+    pid_t pid = vfork();
+    if (pid == 0)
+        bp_child_main(a);
+    *err = errno;
+    return pid;
+}
+
+/* Start the leader; returns its pid, or 0 after reporting SPAWN_FAILED. */
+static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fds)
+{
+    int stage = BP_STAGE_MEMFD, err = EINVAL;
+    char *blob = NULL, **argv = NULL, **envp = NULL, **paths = NULL;
+    pid_t pid = 0;
+    if (fds->spec < 0 || cmd->spec_len <= 0 || cmd->spec_len > (1LL << 31))
+        goto fail;
+    blob = malloc((size_t)cmd->spec_len + 1);
+    if (blob == NULL) {
+        err = ENOMEM;
+        goto fail;
+    }
+    size_t got = 0;
+    while (got < (size_t)cmd->spec_len) {
+        ssize_t r = pread(fds->spec, blob + got, (size_t)cmd->spec_len - got, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            err = r < 0 ? errno : EIO;
+            goto fail;
+        }
+        got += (size_t)r;
+    }
+    blob[got] = '\0';
+    char *p = blob, *end = blob + got;
+    const char *cwd = NULL;
+    if (cmd->has_cwd) {
+        cwd = p;
+        p += strlen(p) + 1;
+    }
+    if ((argv = split(&p, end, cmd->argc)) == NULL || (envp = split(&p, end, cmd->envc)) == NULL
+        || (paths = split(&p, end, cmd->npaths)) == NULL)
+        goto fail;
+    uint32_t groups[256];
+    int ngroups = cmd->ngroups;
+    if (ngroups > 256)
+        goto fail;
+    if (ngroups > 0) {
+        if (p + (size_t)ngroups * sizeof(uint32_t) > end)
+            goto fail;
+        memcpy(groups, p, (size_t)ngroups * sizeof(uint32_t));
+    }
+
+    int ep[2];
+    if (pipe2(ep, O_CLOEXEC) < 0) {
+        stage = BP_STAGE_PIPE;
+        err = errno;
+        goto fail;
+    }
+    struct bp_child_args a;
+    memset(&a, 0, sizeof a);
+    a.exec_paths = paths;
+    a.argv = argv;
+    a.envp = envp;
+    a.cwd = cwd;
+    a.in = fds->std[0];
+    a.out = fds->std[1];
+    a.err = fds->std[2];
+    a.errpipe = ep[1];
+    a.new_session = cmd->new_session;
+    a.rlimits_soft = cmd->rlimits_soft;
+    a.rlimits_hard = cmd->rlimits_hard;
+    a.uid = cmd->uid;
+    a.gid = cmd->gid;
+    a.groups = groups;
+    a.ngroups = ngroups;
+    a.parent = s->self;
+    a.hello_fd = s->sock;
+    int fork_errno = 0;
+    pid = vfork_leader(&a, &fork_errno);
+    close(ep[1]);
+    if (pid < 0) {
+        close(ep[0]);
+        stage = BP_STAGE_FORK;
+        err = fork_errno;
+        pid = 0;
+        goto fail;
+    }
+    struct bp_child_error ce;
+    ssize_t n;
+    do {
+        n = read(ep[0], &ce, sizeof ce);
+    } while (n < 0 && errno == EINTR);
+    close(ep[0]);
+    if (n != 0) {
+        int status;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+            ;
+        stage = n == (ssize_t)sizeof ce ? ce.stage : BP_STAGE_EXEC;
+        err = n == (ssize_t)sizeof ce ? ce.err : EIO;
+        pid = 0;
+        goto fail;
+    }
+    free(paths);
+    free(envp);
+    free(argv);
+    free(blob);
+    return pid;
+
+fail:
+    free(paths);
+    free(envp);
+    free(argv);
+    free(blob);
+    send_simple(s, BP_MSG_SPAWN_FAILED, 0, stage, err);
+    return 0;
+}
+
+static void close_run_fds(struct run_fds *fds)
+{
+    if (fds->spec >= 0)
+        close(fds->spec);
+    for (int i = 0; i < 3; i++)
+        if (fds->std[i] >= 0)
+            close(fds->std[i]);
+    fds->spec = fds->std[0] = fds->std[1] = fds->std[2] = -1;
+}
+
+/* A SIGHUP from the kernel on the calling thread's exit (parent death), not
+ * one a command sent us: the kernel's carries SI_USER and the caller's pid,
+ * which no other process can forge. */
+static int drain_signals(struct sup *s, int *chld)
+{
+    struct signalfd_siginfo si;
+    int parent_died = 0;
+    while (read(s->sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo == SIGCHLD)
+            *chld = 1;
+        else if (si.ssi_signo == SIGHUP && si.ssi_code == SI_USER
+                 && (pid_t)si.ssi_pid == s->caller)
+            parent_died = 1;
+    }
+    return parent_died || getppid() != s->caller;
+}
+
+/* Serve one run from its RUN command to FINAL.  Returns 0, or -1 when the
+ * supervisor must exit (the caller is gone). */
+static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fds)
+{
+    s->utime_us = s->stime_us = s->maxrss_kb = 0;
+    s->new_session = cmd->new_session;
+    s->exited = 0;
+    s->leader = start_leader(s, cmd, fds);
+    close_run_fds(fds);  /* hold nothing of the run's: the pipes' EOF is the run's */
+    if (s->leader <= 0)
+        return 0;
+    send_simple(s, BP_MSG_SPAWNED, (int)s->leader, 0, 0);
+
+    for (;;) {
+        struct pollfd p[3] = {{s->sock, POLLIN, 0}, {s->sfd, POLLIN, 0}, {s->caller_fd, POLLIN, 0}};
+        int rc = poll(p, s->caller_fd >= 0 ? 3 : 2, s->caller_fd >= 0 ? -1 : 1000);
+        if (rc < 0 && errno != EINTR) {
+            finish(s, 0, 1);
+            return -1;
+        }
+        if (s->caller_fd >= 0 && p[2].revents) {
+            finish(s, 0, 0);
+            return -1;
+        }
+        if (p[1].revents) {
+            int chld = 0;
+            if (drain_signals(s, &chld)) {
+                finish(s, 0, 0);
+                return -1;
+            }
+            if (chld && !s->exited) {
+                siginfo_t info;
+                memset(&info, 0, sizeof info);
+                if (waitid(P_PID, (id_t)s->leader, &info, WEXITED | WNOHANG | WNOWAIT) == 0
+                    && info.si_pid == s->leader) {
+                    s->exited = 1;
+                    pid_t kid[MAX_KIDS];
+                    reap_orphans(s);
+                    if (list_children(s, s->leader, kid) == 0) {
+                        /* Alone: the run's whole tree is gone and cannot grow
+                         * again; finish now and save the core a round trip. */
+                        finish(s, 0, 1);
+                        return 0;
+                    }
+                    send_simple(s, BP_MSG_EXITED, (int)s->leader, 0, 0);
+                } else {
+                    reap_orphans(s);
+                }
+            } else if (chld) {
+                reap_orphans(s);
+            }
+        } else if (rc == 0 && getppid() != s->caller) {
+            finish(s, 0, 0);
+            return -1;
+        }
+        if (p[0].revents) {
+            struct bp_sup_cmd c;
+            struct run_fds none;
+            if (recv_cmd(s, &c, &none) < 0) {
+                finish(s, 0, 0);  /* the core let go: as KILL, then exit */
+                return -1;
+            }
+            if (c.type == BP_CMD_KILL) {
+                finish(s, c.budget_ns, 1);
+                return 0;
+            }
+            if (c.type == BP_CMD_SIGNAL)
+                (void)signal_round(s, 0, c.sig);
+            close_run_fds(&none);
+        }
+    }
+}
+
+/* /proc names our own pid as "self": it belongs to our pid namespace. */
+static int proc_is_ours(pid_t self)
+{
+    char buf[32];
+    ssize_t n = readlink("/proc/self", buf, sizeof buf - 1);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    return atol(buf) == (long)self;
+}
+
+int main(int argc, char **argv)
+{
+    struct sup s;
+    memset(&s, 0, sizeof s);
+    s.sock = BP_SUP_FD;
+    s.caller_fd = -1;
+    s.self = getpid();
+    s.caller = argc > 1 ? (pid_t)atol(argv[1]) : getppid();
+
+    /* A clean signal state whatever we inherited: every disposition default
+     * (an inherited SIG_IGN for SIGCHLD would have the kernel reap our
+     * children), every signal blocked; SIGCHLD and SIGHUP come through a
+     * signalfd, and nothing a command sends us runs a handler. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP)
+            (void)sigaction(sig, &dfl, NULL);
+    sigset_t all;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, NULL);
+    sigset_t watched;
+    sigemptyset(&watched);
+    sigaddset(&watched, SIGCHLD);
+    sigaddset(&watched, SIGHUP);
+
+    int stage = 0, err = 0;
+    if ((s.sfd = signalfd(-1, &watched, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) {
+        stage = BP_STAGE_SUPERVISOR;
+        err = errno;
+    } else if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) {
+        stage = BP_STAGE_PRCTL;
+        err = errno;
+    } else if (prctl(PR_SET_PDEATHSIG, SIGHUP, 0, 0, 0) < 0) {
+        stage = BP_STAGE_PRCTL;
+        err = errno;
+    }
+    if (getppid() != s.caller)
+        return 0;  /* the calling thread is already gone */
+#ifdef SYS_pidfd_open
+    s.caller_fd = (int)syscall(SYS_pidfd_open, s.caller, 0);
+    if (s.caller_fd >= 0)
+        (void)fcntl(s.caller_fd, F_SETFD, FD_CLOEXEC);
+#endif
+    s.proc_ok = proc_is_ours(s.self);
+    send_simple(&s, BP_MSG_HELLO, (int)s.self, stage, err);
+    if (stage != 0)
+        return 1;
+
+    for (;;) {
+        struct pollfd p[3] = {{s.sock, POLLIN, 0}, {s.sfd, POLLIN, 0}, {s.caller_fd, POLLIN, 0}};
+        int rc = poll(p, s.caller_fd >= 0 ? 3 : 2, s.caller_fd >= 0 ? -1 : 1000);
+        if (rc < 0 && errno != EINTR)
+            return 1;
+        if (s.caller_fd >= 0 && p[2].revents)
+            return 0;
+        if (p[1].revents) {
+            int chld = 0;
+            if (drain_signals(&s, &chld))
+                return 0;
+            while (reap_one(&s, -1, WNOHANG, NULL))
+                ;
+        } else if (rc == 0 && getppid() != s.caller) {
+            return 0;
+        }
+        if (p[0].revents) {
+            struct bp_sup_cmd cmd;
+            struct run_fds fds;
+            if (recv_cmd(&s, &cmd, &fds) < 0)
+                return 0;  /* the core let go */
+            if (cmd.type == BP_CMD_RUN) {
+                if (serve(&s, &cmd, &fds) < 0)
+                    return 0;
+            } else {
+                close_run_fds(&fds);
+            }
+        }
+    }
 }

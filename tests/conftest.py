@@ -103,3 +103,21 @@ def reaper() -> Iterator[list[int]]:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def run_descendants() -> list[psutil.Process]:
+    """The caller's descendants but its idle containment supervisors.
+
+    A supervisor (``_bp_supervisor``) is reused from run to run and lives as
+    long as the thread that started it: it is not a survivor of any run.  What
+    it holds (an orphan it adopted) is still listed.
+    """
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.name() == "_bp_supervisor":
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        found.append(proc)
+    return found

@@ -42,7 +42,6 @@ def test_max_rss_is_the_largest_process_of_the_run(contain: bool) -> None:
 
 
 @pytest.mark.skipif(not CONTAIN_SUPPORTED, reason="containment unsupported here")
-@pytest.mark.xfail(strict=False, reason="needs the reused supervisor")
 def test_cpu_of_an_orphan_is_counted_when_contained() -> None:
     """An orphan the supervisor adopted and reaped adds its CPU to the run's."""
     # The subshell exits at once, so the spinner is orphaned and reparented to the

@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import alive, group_members, pids_in, wait_dead
+from conftest import alive, group_members, pids_in, run_descendants, wait_dead
 
 import boundedproc
 from boundedproc import Limits, Result, run
@@ -76,7 +76,7 @@ class Watch:
     def __init__(self) -> None:
         self.pids: list[int] = []
         self.groups: list[int] = []
-        self.children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+        self.children_before = {p.pid for p in run_descendants()}
 
     def add(self, result: Result, printed: bytes | str = b"") -> None:
         """Record the run's group and every pid its command printed."""
@@ -86,7 +86,7 @@ class Watch:
 
     def new_children(self) -> list[int]:
         found = []
-        for proc in psutil.Process().children(recursive=True):
+        for proc in run_descendants():
             if proc.pid in self.children_before:
                 continue
             try:
@@ -490,7 +490,7 @@ def test_verify_gradeable_evidence_catalog(check: str, expect: str, options: dic
     afile.write_text("x\n")
     options = dict(options)
     cwd = afile if options.pop("cwd", None) == "FILE" else tmp_path
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = {p.pid for p in run_descendants()}
     env = {"PATH": os.defpath}
     verified = verify_gradeable_evidence(Evidence(rung=4, check=check, expect=expect),
                                          cwd=cwd, env=env, **options)
@@ -502,7 +502,7 @@ def test_verify_gradeable_evidence_catalog(check: str, expect: str, options: dic
         assert (grade.verdict, grade.reason) == (Verdict.UNRUNNABLE, reason)
     deadline = time.monotonic() + 5
     while True:
-        left = [p.pid for p in psutil.Process().children(recursive=True)
+        left = [p.pid for p in run_descendants()
                 if p.pid not in before and alive(p.pid)]
         if not left or time.monotonic() > deadline:
             break

@@ -22,7 +22,6 @@ ROOT = os.geteuid() == 0
 NOBODY = pwd.getpwnam("nobody") if "nobody" in {p.pw_name for p in pwd.getpwall()} else None
 needs_root = pytest.mark.skipif(not ROOT or NOBODY is None,
                                 reason="needs root and a 'nobody' user")
-needs_core = pytest.mark.xfail(strict=False, reason="needs user/group in the core")
 CONTAIN = pytest.mark.parametrize("contain", [True, False], ids=["contained", "uncontained"])
 
 
@@ -130,7 +129,6 @@ def test_run_with_an_unknown_group_returns_a_result() -> None:
 # ---- what the child runs as (the core sets the ids) -----------------------------------
 
 @needs_root
-@needs_core
 @CONTAIN
 def test_user_runs_the_command_as_that_uid(contain: bool) -> None:
     """user='nobody' makes `id -u` print nobody's uid, and `id -g` its gid."""
@@ -141,7 +139,6 @@ def test_user_runs_the_command_as_that_uid(contain: bool) -> None:
 
 
 @needs_root
-@needs_core
 @CONTAIN
 def test_user_by_uid_runs_as_that_uid(contain: bool) -> None:
     """A numeric user= works like the name."""
@@ -152,7 +149,6 @@ def test_user_by_uid_runs_as_that_uid(contain: bool) -> None:
 
 
 @needs_root
-@needs_core
 @CONTAIN
 def test_user_drops_the_callers_groups(contain: bool) -> None:
     """The caller's supplementary groups (root's) are gone: the child has the user's only."""
@@ -167,7 +163,6 @@ def test_user_drops_the_callers_groups(contain: bool) -> None:
 
 
 @needs_root
-@needs_core
 @CONTAIN
 def test_group_alone_sets_the_gid_and_the_only_group(contain: bool) -> None:
     """group= alone: the uid stays root's, the gid and the group list are that group."""
@@ -201,7 +196,6 @@ def _as_nobody(code: str) -> dict[str, object]:
 
 
 @needs_root
-@needs_core
 @CONTAIN
 def test_non_root_caller_cannot_become_another_user(contain: bool) -> None:
     """A caller that is not root asking for user='root' gets a 'spawn failed: EPERM' result."""
@@ -218,7 +212,6 @@ def test_non_root_caller_cannot_become_another_user(contain: bool) -> None:
 
 
 @needs_root
-@needs_core
 def test_user_makes_max_processes_hold_as_root() -> None:
     """A fork bomb under user= and Limits(max_processes=64) peaks near 64 processes, as root."""
     assert NOBODY is not None

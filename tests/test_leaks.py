@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import alive, pids_in, wait_dead
+from conftest import alive, pids_in, run_descendants, wait_dead
 
 from boundedproc import Cancel, Result, run
 
@@ -200,10 +200,10 @@ def test_fds_flat_with_cancels_and_threads() -> None:
 
 def test_no_children_left_after_the_mix(tmp_path: Path) -> None:
     """After a round of every outcome, the caller has no live child process left."""
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = {p.pid for p in run_descendants()}
     for outcome in outcomes(tmp_path):
         outcome()
-    left = [p.pid for p in psutil.Process().children(recursive=True)
+    left = [p.pid for p in run_descendants()
             if p.pid not in before and alive(p.pid)]
     assert wait_dead(left) == []
 

@@ -1,0 +1,679 @@
+/*
+ * sup.c: the core's side of a containment supervisor (supervisor.c).
+ *
+ * A supervisor is started once (bp_sup_start) and reused run after run; the
+ * caller keeps one per thread and never shares one between two runs at once.
+ * Its lifecycle, as the core sees it:
+ *
+ *   start    vfork+exec of the supervisor program with its socket as fd 3;
+ *            it answers HELLO (or the stage and errno that refused it, which
+ *            the caller may take as "containment unavailable here").
+ *   run      BP_CMD_RUN with the spec in a memfd and the child's stdio fds;
+ *            LEADER (from the leader itself, before its exec), then SPAWNED
+ *            or SPAWN_FAILED; EXITED; SIGNAL/KILL from us; FINAL.
+ *   death    at any point the supervisor may die (a command that kills its
+ *            parent, a kill from outside) or stop answering (SIGSTOP).  Every
+ *            wait on it is bounded.  If it dies, the leader dies with it (its
+ *            parent-death signal), and we kill the leader's group ourselves:
+ *            the group id is safe to name because a group id is not reused
+ *            while any member lives, and a new group with that id needs the
+ *            pid counter to wrap around pid_max in the microseconds since the
+ *            leader was last seen.  An unresponsive supervisor is SIGKILLed
+ *            (it is our unreaped child: its pid is ours to signal) after the
+ *            group kill.  The result says runner failed; the supervisor is
+ *            marked unusable and replaced for the next run.
+ *   free     close the socket (EOF: it kills whatever is left and exits),
+ *            reap it with a bound, SIGKILL if it does not go.
+ */
+#include "bp_internal.h"
+#include "bp_supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifdef __linux__
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#endif
+
+#define HELLO_WAIT_MS 5000
+#define SPAWN_WAIT_MS 5000
+
+struct bp_sup {
+    pid_t pid;
+    int sock;
+    int broken;             /* dead, unresponsive or tainted: never reuse */
+    pid_t owner;            /* the process that started it */
+};
+
+#if defined(__linux__) && defined(SOCK_SEQPACKET) && defined(SYS_memfd_create)
+
+extern char **environ;
+
+/* Wait up to ms for fd to be readable; 1 ready, 0 timeout, -1 error. */
+static int wait_readable(int fd, int ms)
+{
+    int64_t until = bp__now_ns() + (int64_t)ms * 1000000;
+    for (;;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        int64_t left = (until - bp__now_ns()) / 1000000;
+        int rc = poll(&p, 1, left > 0 ? (int)left : 0);
+        if (rc > 0)
+            return 1;
+        if (rc == 0)
+            return 0;
+        if (errno != EINTR)
+            return -1;
+    }
+}
+
+/* One message; 1 read, 0 EOF (or a short record), -1 error (errno). */
+static int recv_msg(int sock, struct bp_sup_msg *m)
+{
+    ssize_t n;
+    do {
+        n = recv(sock, m, sizeof *m, MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -1;
+    return n == (ssize_t)sizeof *m;
+}
+
+/* Reap the supervisor within about ms, SIGKILLing it if it does not go.
+ * Returns its wait status, or -1 if it could not be reaped (an ignored
+ * SIGCHLD has the kernel reap it for us: ECHILD). */
+static int reap_sup(struct bp_sup *sup, int ms, int kill_first)
+{
+    if (sup->pid <= 0)
+        return -1;
+    if (kill_first)
+        (void)kill(sup->pid, SIGKILL);
+    int status = -1;
+    for (int i = 0;; i++) {
+        pid_t r = waitpid(sup->pid, &status, WNOHANG);
+        if (r == sup->pid)
+            break;
+        if (r < 0 && errno != EINTR) {
+            status = -1;
+            break;
+        }
+        if (i * 1 >= ms) {
+            (void)kill(sup->pid, SIGKILL);
+            while (waitpid(sup->pid, &status, 0) < 0 && errno == EINTR)
+                ;
+            break;
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    sup->pid = 0;
+    return status;
+}
+
+/*
+ * bp_sup_start: start a supervisor from the program at path.
+ * Returns 0 with *out set; or -1 with errno set, *out NULL and *stage the
+ * BP_STAGE_* that failed: BP_STAGE_PIPE/FORK (resources: EMFILE, EAGAIN,
+ * ENOMEM), BP_STAGE_EXEC (the program is missing or cannot run),
+ * BP_STAGE_SUPERVISOR/PRCTL (the system refused it: signalfd, subreaper).
+ */
+int bp_sup_start(const char *path, struct bp_sup **out, int *stage)
+{
+    *out = NULL;
+    struct bp_sup *sup = calloc(1, sizeof *sup);
+    if (sup == NULL) {
+        *stage = BP_STAGE_ALLOC;
+        errno = ENOMEM;
+        return -1;
+    }
+    int sv[2], ep[2] = {-1, -1};
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+        int e = errno;
+        free(sup);
+        *stage = BP_STAGE_PIPE;
+        errno = e;
+        return -1;
+    }
+    if (bp__lift_pair(sv) < 0 || pipe2(ep, O_CLOEXEC) < 0) {
+        int e = errno;
+        bp__close_fd(&sv[0]);
+        bp__close_fd(&sv[1]);
+        free(sup);
+        *stage = BP_STAGE_PIPE;
+        errno = e;
+        return -1;
+    }
+    char caller[24];
+    snprintf(caller, sizeof caller, "%ld", (long)getpid());
+    char *argv[] = {(char *)path, caller, NULL};
+    int child_sock = sv[1];
+    int errw = ep[1];
+
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid_t pid = vfork();
+    if (pid == 0) {
+        /* Its socket as fd 3 (dup2 clears close-on-exec), nothing else of
+         * ours: every other fd is marked close-on-exec. */
+        if (dup2(child_sock, BP_SUP_FD) < 0)
+            goto child_fail;
+        if (syscall(SYS_close_range, BP_SUP_FD + 1, ~0U, 4U) != 0) { /* CLOSE_RANGE_CLOEXEC */
+            for (int fd = BP_SUP_FD + 1; fd < 65536; fd++)
+                (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+        }
+        (void)fcntl(errw, F_SETFD, FD_CLOEXEC);
+        execve(path, argv, environ);
+child_fail: {
+            int e[2] = {BP_STAGE_EXEC, errno};
+            (void)!write(errw, e, sizeof e);
+            _exit(127);
+        }
+    }
+    int fork_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    bp__close_fd(&sv[1]);
+    bp__close_fd(&ep[1]);
+    if (pid < 0) {
+        bp__close_fd(&sv[0]);
+        bp__close_fd(&ep[0]);
+        free(sup);
+        *stage = BP_STAGE_FORK;
+        errno = fork_errno;
+        return -1;
+    }
+    sup->pid = pid;
+    sup->sock = sv[0];
+    sup->owner = getpid();
+    int e[2] = {0, 0};
+    ssize_t n;
+    do {
+        n = read(ep[0], e, sizeof e);
+    } while (n < 0 && errno == EINTR);
+    bp__close_fd(&ep[0]);
+    int fail_stage = 0, fail_err = 0;
+    struct bp_sup_msg m;
+    if (n > 0) {
+        fail_stage = BP_STAGE_EXEC;
+        fail_err = n == (ssize_t)sizeof e ? e[1] : EIO;
+    } else if (wait_readable(sup->sock, HELLO_WAIT_MS) != 1 || recv_msg(sup->sock, &m) != 1
+               || m.type != BP_MSG_HELLO) {
+        fail_stage = BP_STAGE_SUPERVISOR;
+        fail_err = EIO;
+    } else if (m.stage != 0) {
+        fail_stage = m.stage;
+        fail_err = m.err;
+    }
+    if (fail_stage != 0) {
+        bp__close_fd(&sup->sock);
+        (void)reap_sup(sup, 1000, 0);
+        free(sup);
+        *stage = fail_stage;
+        errno = fail_err;
+        return -1;
+    }
+    *out = sup;
+    return 0;
+}
+
+/* bp_sup_usable: 1 when sup may serve another run (in this process). */
+int bp_sup_usable(const struct bp_sup *sup)
+{
+    if (sup == NULL || sup->broken || sup->sock < 0 || sup->owner != getpid())
+        return 0;
+    /* An idle supervisor sends nothing: a readable socket is its EOF (it was
+     * killed between runs). */
+    struct pollfd p = {sup->sock, POLLIN, 0};
+    int rc;
+    do {
+        rc = poll(&p, 1, 0);
+    } while (rc < 0 && errno == EINTR);
+    return rc == 0;
+}
+
+/* bp_sup_pid: the supervisor's pid (for tests and diagnostics). */
+int bp_sup_pid(const struct bp_sup *sup)
+{
+    return sup == NULL ? 0 : (int)sup->pid;
+}
+
+/*
+ * bp_sup_free: let a supervisor go: close its socket (it kills whatever is
+ * left of a run and exits) and reap it, SIGKILLing it after ~200 ms.  Accepts
+ * NULL.  Must not be called while a run uses it.
+ */
+void bp_sup_free(struct bp_sup *sup)
+{
+    if (sup == NULL)
+        return;
+    int saved = errno;
+    bp__close_fd(&sup->sock);
+    if (sup->owner == getpid())
+        (void)reap_sup(sup, 200, 0);
+    free(sup);
+    errno = saved;
+}
+
+/*
+ * bp_sup_forget: release a supervisor inherited across fork(): close our
+ * copy of its socket, never signal or wait for it (it is not our child).
+ */
+void bp_sup_forget(struct bp_sup *sup)
+{
+    if (sup == NULL)
+        return;
+    int saved = errno;
+    bp__close_fd(&sup->sock);
+    free(sup);
+    errno = saved;
+}
+
+static int send_cmd(struct bp_sup *sup, const struct bp_sup_cmd *cmd, const int *fds, int nfds)
+{
+    char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+    struct iovec iov = {(void *)cmd, sizeof *cmd};
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    memset(cbuf, 0, sizeof cbuf);
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    if (nfds > 0) {
+        mh.msg_control = cbuf;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+    }
+    ssize_t n;
+    do {
+        n = sendmsg(sup->sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    return n == (ssize_t)sizeof *cmd ? 0 : -1;
+}
+
+static int put(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static size_t strings_len(char *const *v, int *count)
+{
+    size_t len = 0;
+    int n = 0;
+    for (; v != NULL && v[n] != NULL; n++)
+        len += strlen(v[n]) + 1;
+    *count = n;
+    return len;
+}
+
+static char *copy_strings(char *p, char *const *v, int count)
+{
+    for (int i = 0; i < count; i++) {
+        size_t l = strlen(v[i]) + 1;
+        memcpy(p, v[i], l);
+        p += l;
+    }
+    return p;
+}
+
+/* The spec in a memfd, written in one call: no size limit, and a send that
+ * never blocks on a slow reader. */
+static int write_spec(const struct bp_spec *spec, char *const *envp, struct bp_sup_cmd *cmd)
+{
+    size_t cwd_len = spec->cwd != NULL ? strlen(spec->cwd) + 1 : 0;
+    size_t groups_len = spec->ngroups > 0 ? (size_t)spec->ngroups * sizeof(uint32_t) : 0;
+    size_t len = cwd_len + strings_len(spec->argv, &cmd->argc) + strings_len(envp, &cmd->envc)
+                 + strings_len(spec->exec_paths, &cmd->npaths) + groups_len;
+    char *blob = malloc(len > 0 ? len : 1);
+    if (blob == NULL)
+        return -1;
+    char *p = blob;
+    if (cwd_len > 0) {
+        memcpy(p, spec->cwd, cwd_len);
+        p += cwd_len;
+        cmd->has_cwd = 1;
+    }
+    p = copy_strings(p, spec->argv, cmd->argc);
+    p = copy_strings(p, envp, cmd->envc);
+    p = copy_strings(p, spec->exec_paths, cmd->npaths);
+    if (groups_len > 0)
+        memcpy(p, spec->groups, groups_len);
+    cmd->ngroups = spec->ngroups;
+    cmd->spec_len = (int64_t)len;
+    int fd = (int)syscall(SYS_memfd_create, "boundedproc-spec", 1U); /* MFD_CLOEXEC */
+    if (fd < 0 || put(fd, blob, len) < 0) {
+        int e = errno;
+        free(blob);
+        bp__close_fd(&fd);
+        errno = e;
+        return -1;
+    }
+    free(blob);
+    return fd;
+}
+
+/* The supervisor failed the run: note how, and never use it again. */
+static void sup_failed(struct bp_run *run, int how)
+{
+    if (run->res->runner_failed == BP_RUNNER_OK)
+        run->res->runner_failed = how;
+    run->sup->broken = 1;
+}
+
+/*
+ * bp__sup_spawn: start the run's command through its supervisor.  child[]
+ * are the command's stdio ends (-1: closed).  Returns the leader's pid; or
+ * -1 with *stage and *err set when nothing was started (then res->runner_failed
+ * says whether the supervisor itself failed).  When the supervisor dies after
+ * the leader announced itself, returns its pid with res->runner_failed set:
+ * the run then ends at once (loop.c) and its group is killed.
+ */
+pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err)
+{
+    const struct bp_spec *spec = run->spec;
+    struct bp_sup *sup = run->sup;
+    run->sup_pid = sup->pid;
+    run->ctl_fd = -1;
+    run->exit_fd = -1;
+    struct bp_sup_cmd cmd;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.type = BP_CMD_RUN;
+    cmd.new_session = spec->new_session;
+    cmd.uid = spec->uid;
+    cmd.gid = spec->gid;
+    for (int i = 0; i < BP_NRLIMITS; i++) {
+        cmd.rlimits_soft[i] = spec->rlimits_soft[i];
+        cmd.rlimits_hard[i] = spec->rlimits_hard[i];
+    }
+    char *const *envp = spec->envp != NULL ? spec->envp : environ;
+    int memfd = write_spec(spec, envp, &cmd);
+    if (memfd < 0) {
+        *stage = BP_STAGE_MEMFD;
+        *err = errno;
+        return -1;
+    }
+    int fds[4] = {memfd, -1, -1, -1};
+    int nfds = 1;
+    for (int i = 0; i < 3; i++) {
+        if (child[i] < 0)
+            cmd.closed |= 1 << i;
+        else
+            fds[nfds++] = child[i];
+    }
+    int rc = send_cmd(sup, &cmd, fds, nfds);
+    int send_errno = errno;
+    bp__close_fd(&memfd);
+    if (rc < 0) {
+        /* EPIPE/ECONNRESET: it died between runs; anything else (ENOBUFS,
+         * EAGAIN on a wedged socket) is as bad for this supervisor. */
+        sup_failed(run, BP_RUNNER_DIED);
+        *stage = BP_STAGE_SUPERVISOR;
+        *err = send_errno;
+        return -1;
+    }
+    pid_t leader = 0;
+    for (;;) {
+        struct bp_sup_msg m;
+        int ready = wait_readable(sup->sock, SPAWN_WAIT_MS);
+        int got = ready == 1 ? recv_msg(sup->sock, &m) : -1;
+        if (got == -1 && ready == 1 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            continue;
+        if (got != 1) {
+            /* Dead (EOF) or silent: it cannot serve this run. */
+            sup_failed(run, ready == 0 ? BP_RUNNER_UNRESPONSIVE : BP_RUNNER_DIED);
+            if (leader > 0) {
+                run->sup_dead = 1;
+                return leader;  /* started: the loop ends it and kills its group */
+            }
+            if (ready == 0)
+                run->res->runner_status = reap_sup(sup, 100, 1);
+            *stage = BP_STAGE_SUPERVISOR;
+            *err = EIO;
+            return -1;
+        }
+        if (m.type == BP_MSG_LEADER) {
+            leader = m.pid;
+        } else if (m.type == BP_MSG_SPAWNED) {
+            run->exit_fd = sup->sock;  /* borrowed: never closed by the run */
+            return m.pid;
+        } else if (m.type == BP_MSG_SPAWN_FAILED) {
+            *stage = m.stage;
+            *err = m.err;
+            return -1;
+        }
+    }
+}
+
+/* The final kill's budget: what is left of the run's bound (SPEC 2.2 step
+ * 7: timeout + kill_grace + drain_grace), so that a run whose escapees cannot
+ * be killed still returns in time; never under a few rounds of kill, and at
+ * most 5 s when the run has no bound.  The drain that follows gets what the
+ * kill left of the bound (loop.c). */
+static int64_t kill_budget(const struct bp_run *run)
+{
+    const int64_t floor_ns = 20000000, ceil_ns = 5000000000LL;
+    if (run->bound_end_ns < 0)
+        return ceil_ns;
+    int64_t left = run->bound_end_ns - bp__now_ns() - 100000000;  /* 0.1 s for the rest */
+    return left < floor_ns ? floor_ns : left > ceil_ns ? ceil_ns : left;
+}
+
+/* Signal or kill through the supervisor (contained run, leader unreaped). */
+void bp__sup_signal(struct bp_run *run, int sig)
+{
+    if (run->sup_dead) {
+        /* Nobody holds the leader unreaped any more: kill its group
+         * ourselves (see the header comment for why that is safe). */
+        (void)kill(run->spec->new_session ? -run->pid : run->pid, sig);
+        return;
+    }
+    struct bp_sup_cmd cmd;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.type = sig == SIGKILL ? BP_CMD_KILL : BP_CMD_SIGNAL;
+    cmd.sig = sig;
+    cmd.budget_ns = kill_budget(run);
+    if (send_cmd(run->sup, &cmd, NULL, 0) < 0) {
+        run->sup_dead = 1;
+        sup_failed(run, BP_RUNNER_DIED);
+        (void)kill(run->spec->new_session ? -run->pid : run->pid, sig);
+    }
+}
+
+/* The exit fd (the supervisor's socket) is readable. */
+void bp__sup_event(struct bp_run *run)
+{
+    struct bp_sup_msg m;
+    ssize_t n;
+    do {
+        n = recv(run->sup->sock, &m, sizeof m, MSG_PEEK | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return;
+    if (n == (ssize_t)sizeof m && (m.type == BP_MSG_EXITED || m.type == BP_MSG_LEADER
+                                   || m.type == BP_MSG_SPAWNED)) {
+        (void)recv(run->sup->sock, &m, sizeof m, MSG_DONTWAIT);
+        if (m.type == BP_MSG_EXITED)
+            run->leader_exited = 1;
+        return;
+    }
+    if (n == (ssize_t)sizeof m && m.type == BP_MSG_FINAL) {
+        run->leader_exited = 1;  /* finished on its own: left unread for the reap */
+        return;
+    }
+    /* EOF or garbage: the supervisor is gone, and the leader with it. */
+    run->sup_dead = 1;
+    run->leader_exited = 1;
+    sup_failed(run, BP_RUNNER_DIED);
+}
+
+static void record_failed(struct bp_run *run)
+{
+    struct bp_result *res = run->res;
+    if (res->raw_exit_code < 0) {
+        res->exit_code = 128 + SIGKILL;
+        res->term_signal = SIGKILL;
+    }
+}
+
+/*
+ * bp__sup_reap: end a contained run: have the supervisor kill everything and
+ * reap the leader, and read its FINAL report; bounded by the run's budget
+ * plus a margin, also while a signal (wake_fd) asks us to hurry.  On any
+ * failure of the supervisor, kill the group ourselves and SIGKILL and reap
+ * the supervisor.  Returns 0 (failures are in res->runner_failed).
+ */
+int bp__sup_reap(struct bp_run *run)
+{
+    struct bp_result *res = run->res;
+    struct bp_sup *sup = run->sup;
+    if (!run->sup_dead && !run->sigkill_sent)
+        bp__signal_group(run, SIGKILL);
+    int64_t until = bp__now_ns() + kill_budget(run) + 300000000;
+    int final = 0;
+    struct bp_sup_msg m;
+    while (!run->sup_dead && !final) {
+        int64_t left = (until - bp__now_ns()) / 1000000;
+        if (left <= 0) {
+            sup_failed(run, BP_RUNNER_UNRESPONSIVE);
+            break;
+        }
+        struct pollfd p[2] = {{sup->sock, POLLIN, 0}, {run->spec->wake_fd, POLLIN, 0}};
+        int rc = poll(p, run->spec->wake_fd >= 0 ? 2 : 1, (int)left);
+        if (rc < 0 && errno != EINTR)
+            break;
+        if (rc > 0 && run->spec->wake_fd >= 0 && p[1].revents) {
+            /* Ctrl-C while we wait: keep waiting, but not for long. */
+            int64_t soon = bp__now_ns() + 300000000;
+            if (soon < until)
+                until = soon;
+        }
+        if (rc <= 0 || !p[0].revents)
+            continue;
+        int got = recv_msg(sup->sock, &m);
+        if (got == -1 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            continue;
+        if (got != 1) {
+            run->sup_dead = 1;
+            sup_failed(run, BP_RUNNER_DIED);
+            break;
+        }
+        final = m.type == BP_MSG_FINAL;
+    }
+    run->reaped = 1;
+    run->exit_fd = -1;
+    if (final) {
+        bp__record_status(res, m.status);
+        res->user_time = (double)m.utime_us / 1e6;
+        res->system_time = (double)m.stime_us / 1e6;
+        res->max_rss = m.maxrss_kb * 1024;
+        res->unkilled = m.unkilled;
+        if (!m.reusable)
+            sup->broken = 1;  /* it exits: something of this run lives on */
+        return 0;
+    }
+    /* It died or did not answer: the group is ours to kill now. */
+    (void)kill(run->spec->new_session ? -run->pid : run->pid, SIGKILL);
+    sup->broken = 1;
+    res->runner_status = reap_sup(sup, 100, 1);
+    (void)kill(run->spec->new_session ? -run->pid : run->pid, SIGKILL);
+    record_failed(run);
+    return 0;
+}
+
+#else /* no supervisor on this system */
+
+int bp_sup_start(const char *path, struct bp_sup **out, int *stage)
+{
+    (void)path;
+    *out = NULL;
+    *stage = BP_STAGE_SUPERVISOR;
+    errno = ENOSYS;
+    return -1;
+}
+
+int bp_sup_usable(const struct bp_sup *sup)
+{
+    (void)sup;
+    return 0;
+}
+
+int bp_sup_pid(const struct bp_sup *sup)
+{
+    (void)sup;
+    return 0;
+}
+
+void bp_sup_free(struct bp_sup *sup)
+{
+    (void)sup;
+}
+
+void bp_sup_forget(struct bp_sup *sup)
+{
+    (void)sup;
+}
+
+pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err)
+{
+    (void)run;
+    (void)child;
+    *stage = BP_STAGE_SUPERVISOR;
+    *err = ENOSYS;
+    return -1;
+}
+
+void bp__sup_signal(struct bp_run *run, int sig)
+{
+    (void)run;
+    (void)sig;
+}
+
+void bp__sup_event(struct bp_run *run)
+{
+    (void)run;
+}
+
+int bp__sup_reap(struct bp_run *run)
+{
+    (void)run;
+    return 0;
+}
+
+#endif
+
+/*
+ * bp_contain_supported: 1 when contained runs can be asked for here (Linux
+ * with PR_SET_CHILD_SUBREAPER), else 0.  errno is untouched.
+ */
+int bp_contain_supported(void)
+{
+#if defined(__linux__) && defined(PR_GET_CHILD_SUBREAPER) && defined(SYS_memfd_create)
+    int saved = errno;
+    int v = 0;
+    int ok = prctl(PR_GET_CHILD_SUBREAPER, &v, 0, 0, 0) == 0;
+    errno = saved;
+    return ok;
+#else
+    return 0;
+#endif
+}

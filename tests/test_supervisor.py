@@ -1,0 +1,509 @@
+"""The containment supervisor: reused run after run, and never stopped, killed,
+starved or fooled by the run or its environment (SPEC 5, 9.2, 9.6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import alive, importable_env, pids_in, run_descendants, wait_dead
+
+from boundedproc import _native, run
+
+pytestmark = pytest.mark.skipif(not _native.CONTAIN_SUPPORTED,
+                                reason="containment needs Linux with a subreaper")
+
+
+def child_python(script: str, timeout: float = 60.0, **kw: object) -> subprocess.CompletedProcess[str]:
+    """Run a Python script in a fresh interpreter that imports boundedproc."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
+                          text=True, timeout=timeout, env=importable_env(), **kw)
+
+
+def assert_runner_failed(r: object) -> None:
+    """A run whose supervisor failed: said so, spawned, never 0."""
+    assert r.runner_error is not None and r.runner_error.startswith("runner failed: ")
+    assert r.spawned
+    assert r.exit_code != 0
+
+
+def test_stopped_supervisor_keeps_the_bound() -> None:
+    """A command that SIGSTOPs its supervisor: run() still returns within its bound."""
+    t = time.monotonic()
+    r = run(["bash", "-c", "echo $$; kill -STOP $PPID; exec sleep 30"], timeout=1,
+            drain_grace=0.5)
+    took = time.monotonic() - t
+    assert took < 1 + 0.5 + 2.0
+    assert r.timed_out and r.exit_code == 124
+    assert_runner_failed(r)
+    assert wait_dead(pids_in(r.stdout)) == []
+    assert run(["echo", "next"]).stdout == b"next\n"
+
+
+def test_stopped_supervisor_ctrl_c(tmp_path: Path) -> None:
+    """Ctrl-C while the supervisor is stopped: KeyboardInterrupt within a second, nothing left."""
+    out = child_python("""
+        import os, signal, threading, time, json
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from boundedproc import run
+        pids = []
+        def later():
+            time.sleep(0.8)
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Thread(target=later, daemon=True).start()
+        t = time.monotonic()
+        try:
+            run(["bash", "-c", "echo $$ > pid.txt; kill -STOP $PPID; exec sleep 30"], timeout=60)
+            print(json.dumps({"raised": False}))
+        except KeyboardInterrupt:
+            print(json.dumps({"raised": True, "after": time.monotonic() - t}))
+        """, cwd=tmp_path)
+    assert wait_dead(pids_in((tmp_path / "pid.txt").read_text())) == []
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["raised"] and data["after"] < 0.8 + 1.5
+
+
+def test_command_kills_its_supervisor() -> None:
+    """kill -9 $PPID: the group dies, the result says runner failed and is never 0."""
+    r = run(["bash", "-c", "echo $$; sleep 30 & echo $!; kill -9 $PPID; exec sleep 30"],
+            timeout=5)
+    assert_runner_failed(r)
+    assert (r.exit_code, r.term_signal) == (137, 9)
+    assert wait_dead(pids_in(r.stdout), within=1.5) == []
+    assert _native.CONTAIN_SUPPORTED
+    nxt = run(["sh", "-c", "setsid sleep 30 & echo $!"])
+    assert nxt.ok and wait_dead(pids_in(nxt.stdout), within=1.0) == []
+
+
+@pytest.fixture(scope="module")
+def parent_killer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny C program that records its start and SIGKILLs its parent at once."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    d = tmp_path_factory.mktemp("killer")
+    src = d / "killer.c"
+    src.write_text(textwrap.dedent("""
+        #include <fcntl.h>
+        #include <signal.h>
+        #include <unistd.h>
+        int main(int argc, char **argv) {
+            kill(getppid(), SIGKILL);
+            int fd = open(argv[1], O_WRONLY | O_APPEND | O_CREAT, 0600);
+            (void)!write(fd, "x", 1);
+            pause();
+            return 0;
+        }
+    """))
+    exe = d / "killer"
+    static = subprocess.run([cc, "-O2", "-static", "-o", str(exe), str(src)], capture_output=True)
+    if static.returncode != 0:
+        subprocess.run([cc, "-O2", "-o", str(exe), str(src)], check=True)
+    return exe
+
+
+def test_supervisor_killed_before_it_reports(parent_killer: Path, tmp_path: Path) -> None:
+    """A program that kills its parent at once, 100 times: each runs once, none reports 0."""
+    log = tmp_path / "starts"
+    before = {p.pid for p in run_descendants()}
+    for _ in range(100):
+        r = run([str(parent_killer), str(log)], timeout=5)
+        assert r.exit_code != 0
+        assert r.runner_error is not None and r.runner_error.startswith("runner failed: ")
+    assert _native.CONTAIN_SUPPORTED
+    time.sleep(0.2)
+    assert log.read_text().count("x") <= 100  # never started twice
+    left = [p.pid for p in run_descendants() if p.pid not in before and alive(p.pid)]
+    assert wait_dead(left) == []
+    assert run(["echo", "ok"]).ok
+
+
+@pytest.mark.parametrize("free", range(17))
+def test_emfile_at_each_fd_count(free: int) -> None:
+    """With 0..16 free fds a run is a result (ok or spawn failed: EMFILE), containment stays on."""
+    out = child_python(f"""
+        import json, os, resource
+        from boundedproc import run, _native
+        run(["true"])  # a supervisor exists; a second thread-free case below starts fresh
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        held = []
+        while True:
+            try:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        for fd in held[len(held) - {free}:]:
+            os.close(fd)
+        results = []
+        for contain in (None, False):
+            r = run(["echo", "hi"], contain=contain)
+            results.append([r.exit_code, r.runner_error, r.stdout.decode()])
+        for fd in held[:len(held) - {free}]:
+            os.close(fd)
+        after = run(["echo", "hi"])
+        print(json.dumps({{"results": results, "after": after.ok,
+                          "contain": _native.CONTAIN_SUPPORTED}}))
+        """)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["after"] and data["contain"]
+    for code, err, text in data["results"]:
+        if err is None:
+            assert (code, text) == (0, "hi\n")
+        else:
+            assert err.startswith("spawn failed: EMFILE") and code == 127
+
+
+def test_caller_sigkilled_while_a_forked_child_lives(tmp_path: Path) -> None:
+    """The caller dies by SIGKILL while its os.fork() child lives: the run dies within a second."""
+    pidfile = tmp_path / "pids"
+    script = f"""
+        import os, threading, time
+        from boundedproc import run
+        cmd = ["sh", "-c", "echo $$ > {pidfile}.tmp; setsid sleep 60 & echo $! >> {pidfile}.tmp;"
+               " mv {pidfile}.tmp {pidfile}; exec sleep 60"]
+        threading.Thread(target=run, args=(cmd,), kwargs={{"timeout": 60}}).start()
+        while not os.path.exists("{pidfile}"):
+            time.sleep(0.01)
+        # A worker forked while the run is in flight inherits every fd of ours
+        # (as multiprocessing's default start method does).
+        if os.fork() == 0:
+            time.sleep(20)
+            os._exit(0)
+        open("{pidfile}.forked", "w").close()
+        time.sleep(60)
+    """
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=importable_env())
+    try:
+        deadline = time.monotonic() + 10
+        forked = Path(f"{pidfile}.forked")
+        while not forked.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pids = pids_in(pidfile.read_text())
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+        workers = [c.pid for c in psutil.Process(proc.pid).children()
+                   if c.name() != "_bp_supervisor"]
+        proc.kill()
+        proc.wait()
+        assert wait_dead(pids, within=1.5) == []
+    finally:
+        for pid in workers if "workers" in locals() else []:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_pid_namespace_without_its_own_proc(tmp_path: Path) -> None:
+    """In a pid namespace whose /proc is the outer one, a bystander lives and the escapee dies."""
+    unshare = shutil.which("unshare")
+    if unshare is None or os.geteuid() != 0:
+        pytest.skip("needs unshare as root")
+    script = """
+        import json, os, subprocess, time
+        from boundedproc import run
+        def alive(pid):  # kill(0), not /proc: this /proc is another namespace's
+            try:
+                os.kill(pid, 0)
+                return True
+            except ProcessLookupError:
+                return False
+        bystander = subprocess.Popen(["sleep", "30"])
+        r = run(["sh", "-c", "setsid sleep 30 & echo $!"])
+        escapee = [int(w) for w in r.stdout.split()]
+        time.sleep(0.2)
+        ok = bystander.poll() is None
+        bystander.kill()
+        bystander.wait()
+        print(json.dumps({"bystander": ok, "left": [p for p in escapee if alive(p)], "ok": r.ok}))
+    """
+    env = importable_env()
+    env["PYTHONPATH"] = env.get("PYTHONPATH", "") + os.pathsep + str(Path(__file__).parent)
+    probe = subprocess.run([unshare, "--pid", "--fork", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"unshare refused: {probe.stderr!r}")
+    out = subprocess.run([unshare, "--pid", "--fork", sys.executable, "-c",
+                          textwrap.dedent(script)], capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data == {"bystander": True, "left": [], "ok": True}
+
+
+def test_double_forks_are_reaped_as_they_die() -> None:
+    """3,000 double forks: the supervisor's zombies stay few during the run."""
+    code = textwrap.dedent("""
+        import os, psutil
+        sup = psutil.Process(os.getppid())
+        peak = 0
+        for i in range(3000):
+            if os.fork() == 0:
+                if os.fork() == 0:
+                    os._exit(0)
+                os._exit(0)
+            os.waitpid(-1, 0)
+            if i % 300 == 299:
+                z = sum(1 for c in sup.children() if c.status() == psutil.STATUS_ZOMBIE)
+                peak = max(peak, z)
+        print(peak)
+    """)
+    r = run([sys.executable, "-c", code], timeout=120)
+    assert r.ok, r.stderr
+    assert int(r.stdout) < 300
+
+
+def test_orphans_cpu_counted() -> None:
+    """CPU of an orphan the supervisor adopted and reaped is in the run's user_time."""
+    spin = "import time; t = time.process_time(); exec('while time.process_time() - t < 0.4: pass')"
+    r = run(["sh", "-c", f"({sys.executable} -c \"{spin}\" &) ; sleep 1"], timeout=30)
+    assert r.ok
+    assert r.user_time + r.system_time >= 0.3
+
+
+# Each prints the pid of a process it leaves behind; the daemon's is written to
+# a file the leader waits for, so it is printed before the leader exits.
+CATALOG = {
+    "setsid": "setsid sleep 30 & echo $!",
+    "double-fork": "(sleep 30 & echo $!) ; true",
+    "daemon": ("f=$(mktemp); (setsid sh -c \"sleep 30 & echo \\$! > $f; wait\" &);"
+               " while [ ! -s $f ]; do sleep 0.005; done; cat $f; rm -f $f"),
+    "group": "sleep 30 & echo $!",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_reuse_200_runs_one_thread(name: str) -> None:
+    """200 contained runs in a row reuse one supervisor; no orphan outlives its own run."""
+    first = None
+    for _ in range(200):
+        r = run(["sh", "-c", CATALOG[name]], timeout=10)
+        assert r.exit_code == 0, r
+        pids = pids_in(r.stdout)
+        assert pids and not any(alive(p) for p in pids), (name, pids)
+        sups = _native.supervisor_pids()
+        first = first or sups
+    assert _native.supervisor_pids() == first
+
+
+def test_reuse_across_8_threads() -> None:
+    """8 threads x 50 runs of the catalog: every escapee dead when its run returns."""
+    errors: list[str] = []
+
+    def worker() -> None:
+        for i in range(50):
+            cmd = CATALOG[sorted(CATALOG)[i % len(CATALOG)]]
+            r = run(["sh", "-c", cmd], timeout=10)
+            pids = pids_in(r.stdout)
+            if r.exit_code != 0 or any(alive(p) for p in pids):
+                errors.append(f"{cmd}: {r.exit_code} {pids}")
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+
+
+def test_supervisor_killed_between_runs() -> None:
+    """A supervisor SIGKILLed from outside between runs is replaced for the next run."""
+    run(["true"])
+    (sup,) = _native.supervisor_pids()[-1:]
+    os.kill(sup, signal.SIGKILL)
+    time.sleep(0.1)
+    r = run(["echo", "again"])
+    assert r.ok and r.stdout == b"again\n"
+    assert sup not in _native.supervisor_pids()
+
+
+def test_supervisor_killed_during_a_run() -> None:
+    """A supervisor SIGKILLed from outside mid-run: runner failed, group dead, next run fine."""
+    run(["true"])
+    (sup,) = _native.supervisor_pids()[-1:]
+    threading.Timer(0.3, os.kill, (sup, signal.SIGKILL)).start()
+    r = run(["sh", "-c", "echo $$; sleep 30 & echo $!; wait"], timeout=10)
+    assert_runner_failed(r)
+    assert wait_dead(pids_in(r.stdout), within=1.5) == []
+    assert run(["echo", "x"]).ok
+
+
+def test_fork_gives_the_child_fresh_supervisors() -> None:
+    """The child of os.fork() runs contained commands; the parent's supervisors are untouched."""
+    run(["true"])
+    before = _native.supervisor_pids()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            res = run(["sh", "-c", "setsid sleep 30 & echo $!"])
+            esc = pids_in(res.stdout)
+            ok = res.ok and not any(alive(p) for p in esc)
+            mine = _native.supervisor_pids()
+            os.write(w, json.dumps({"ok": ok, "sups": mine}).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = json.loads(os.read(r, 4096))
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert data["ok"]
+    assert not set(data["sups"]) & set(before)
+    assert _native.supervisor_pids() == before
+    assert all(alive(p) for p in before)
+    assert run(["echo", "parent"]).ok
+
+
+def test_threads_leave_no_supervisor_behind() -> None:
+    """1,000 threads that each run once: the process count returns to where it was."""
+    def count() -> int:
+        return len(psutil.Process().children(recursive=True))
+
+    start = count()
+    for _ in range(1000):
+        t = threading.Thread(target=run, args=(["true"],))
+        t.start()
+        t.join(30)
+    deadline = time.monotonic() + 5
+    while count() > start and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert count() <= start
+
+
+def test_rlimit_nofile_edge_in_this_process() -> None:
+    """Out of fds in the caller: a spawn failed result, and containment is not turned off."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))
+        while True:
+            try:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        t = threading.Thread(target=lambda: held.append(run(["true"])))  # a fresh supervisor
+        t.start()
+        t.join(10)
+        res = held.pop()
+        assert res.runner_error is not None and res.runner_error.startswith("spawn failed: EMFILE")
+        assert _native.CONTAIN_SUPPORTED
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert run(["true"]).ok
+
+
+def test_caller_oom_killed_kills_the_run(tmp_path: Path) -> None:
+    """The caller OOM-killed in a memory cgroup: the run's processes die within a second."""
+    base = Path("/sys/fs/cgroup/memory")
+    cg = base / f"boundedproc-test-{os.getpid()}"
+    try:
+        cg.mkdir()
+    except OSError as err:
+        pytest.skip(f"no writable memory cgroup: {err}")
+    pidfile = tmp_path / "pids"
+    script = f"""
+        import os, threading, time
+        with open("{cg}/cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+        from boundedproc import run
+        cmd = ["sh", "-c", "echo $$ > {pidfile}.tmp; setsid sleep 60 & echo $! >> {pidfile}.tmp;"
+               " mv {pidfile}.tmp {pidfile}; exec sleep 60"]
+        threading.Thread(target=run, args=(cmd,), kwargs={{"timeout": 60}}).start()
+        while not os.path.exists("{pidfile}"):
+            time.sleep(0.01)
+        hog = []
+        while True:
+            hog.append(bytearray(16 << 20))
+    """
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(256 << 20))
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)],
+                                env=importable_env())
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == -signal.SIGKILL
+        pids = pids_in(pidfile.read_text())
+        assert len(pids) == 2
+        assert wait_dead(pids, within=1.5) == []
+    finally:
+        for line in (cg / "cgroup.procs").read_text().split():
+            try:
+                os.kill(int(line), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def test_unkillable_escapee_as_non_root(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A setuid-root daemon a non-root caller cannot kill: escaped, and the bound still holds."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or cc is None or setpriv is None:
+        pytest.skip("needs root (to make a setuid-root program), a C compiler and setpriv")
+    d = Path(tempfile.mkdtemp(prefix="bp-unkillable-"))
+    try:
+        os.chmod(d, 0o755)
+        src = d / "daemon.c"
+        src.write_text(textwrap.dedent("""
+            #define _GNU_SOURCE
+            #include <stdio.h>
+            #include <unistd.h>
+            int main(void) {
+                if (setresuid(0, 0, 0) != 0) return 3;   /* fully root: unkillable by nobody */
+                setsid();
+                printf("%d\\n", (int)getpid());
+                fflush(stdout);
+                sleep(8);
+                return 0;
+            }
+        """))
+        exe = d / "daemon"
+        subprocess.run([cc, "-O2", "-o", str(exe), str(src)], check=True)
+        os.chown(exe, 0, 0)
+        os.chmod(exe, 0o4755)
+        script = f"""
+            import json, time
+            from boundedproc import run
+            t = time.monotonic()
+            r = run(["sh", "-c", "{exe} & sleep 5"], timeout=1, drain_grace=1)
+            print(json.dumps({{"took": time.monotonic() - t, "escaped": r.escaped,
+                              "timed_out": r.timed_out, "out": r.stdout.decode()}}))
+        """
+        out = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+                              sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
+                             text=True, timeout=60, env=importable_env(), cwd=d)
+        assert out.returncode == 0, out.stderr
+        data = json.loads(out.stdout.strip().splitlines()[-1])
+        assert data["timed_out"] and data["escaped"]
+        assert data["took"] < 1 + 0 + 1 + 0.5  # timeout + kill_grace + drain_grace + slack
+        for pid in pids_in(data["out"]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
