@@ -108,6 +108,7 @@ struct bp_run {
     pid_t sup_pid;          /* its pid, 0: uncontained */
     int ctl_fd;             /* unused (kept -1) */
     int sup_dead;           /* it died (or stopped answering) during the run */
+    int sup_final;          /* its FINAL report waits unread (it finished on its own) */
     int64_t bound_end_ns;   /* start + timeout + kill_grace + drain_grace; -1: none */
 };
 

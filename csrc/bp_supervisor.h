@@ -30,7 +30,8 @@
  *                         and left nothing behind.  `reusable` 0: the
  *                         supervisor exits after it (something is left).
  *
- * The spec memfd holds, back to back: cwd (if has_cwd), argv, envp and the
+ * A spec of at most BP_SPEC_INLINE_MAX bytes travels in the RUN record itself,
+ * after the header; a larger one in a memfd.  Either holds, back to back: cwd (if has_cwd), argv, envp and the
  * exec candidates as NUL-terminated strings, then ngroups uint32_t groups.
  */
 #ifndef BP_SUPERVISOR_H
@@ -48,6 +49,8 @@
 #define BP_MSG_SPAWN_FAILED 4
 #define BP_MSG_EXITED 5
 #define BP_MSG_FINAL 6
+
+#define BP_SPEC_INLINE_MAX (48 * 1024)
 
 /* The supervisor's end of the socket, in the supervisor. */
 #define BP_SUP_FD 3
@@ -67,7 +70,10 @@ struct bp_sup_cmd {
     int32_t pad;
     int64_t uid;
     int64_t gid;
-    int64_t spec_len;       /* bytes in the memfd */
+    int64_t spec_len;       /* bytes of the spec: after this header in the same record
+                               when inline, else in the memfd */
+    int32_t inline_spec;    /* 1: the spec follows the header; no memfd is passed */
+    int32_t pad2;
     int64_t rlimits_soft[5];
     int64_t rlimits_hard[5];
 };

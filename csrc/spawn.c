@@ -74,12 +74,11 @@ static int make_pipe(int p[2])
     return bp__lift_pair(p);
 }
 
+/* Our end of a fresh pipe has no status flag but its access mode, which
+ * F_SETFL ignores: no F_GETFL needed. */
 static int set_nonblock(int fd)
 {
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0)
-        return -1;
-    return fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    return fcntl(fd, F_SETFL, O_NONBLOCK);
 }
 
 /* vfork with every signal blocked, so that no handler of the caller runs in

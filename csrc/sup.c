@@ -276,15 +276,16 @@ void bp_sup_forget(struct bp_sup *sup)
     errno = saved;
 }
 
-static int send_cmd(struct bp_sup *sup, const struct bp_sup_cmd *cmd, const int *fds, int nfds)
+static int send_cmd(struct bp_sup *sup, const struct bp_sup_cmd *cmd, const int *fds, int nfds,
+                    const char *extra, size_t extra_len)
 {
     char cbuf[CMSG_SPACE(sizeof(int) * 4)];
-    struct iovec iov = {(void *)cmd, sizeof *cmd};
+    struct iovec iov[2] = {{(void *)cmd, sizeof *cmd}, {(void *)extra, extra_len}};
     struct msghdr mh;
     memset(&mh, 0, sizeof mh);
     memset(cbuf, 0, sizeof cbuf);
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
+    mh.msg_iov = iov;
+    mh.msg_iovlen = extra_len > 0 ? 2 : 1;
     if (nfds > 0) {
         mh.msg_control = cbuf;
         mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
@@ -298,7 +299,7 @@ static int send_cmd(struct bp_sup *sup, const struct bp_sup_cmd *cmd, const int 
     do {
         n = sendmsg(sup->sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     } while (n < 0 && errno == EINTR);
-    return n == (ssize_t)sizeof *cmd ? 0 : -1;
+    return n == (ssize_t)(sizeof *cmd + extra_len) ? 0 : -1;
 }
 
 static int put(int fd, const void *buf, size_t len)
@@ -336,17 +337,18 @@ static char *copy_strings(char *p, char *const *v, int count)
     return p;
 }
 
-/* The spec in a memfd, written in one call: no size limit, and a send that
- * never blocks on a slow reader. */
-static int write_spec(const struct bp_spec *spec, char *const *envp, struct bp_sup_cmd *cmd)
+/* The spec as one blob (see bp_supervisor.h); *len its size.  NULL with
+ * errno ENOMEM. */
+static char *spec_blob(const struct bp_spec *spec, char *const *envp, struct bp_sup_cmd *cmd,
+                       size_t *len)
 {
     size_t cwd_len = spec->cwd != NULL ? strlen(spec->cwd) + 1 : 0;
     size_t groups_len = spec->ngroups > 0 ? (size_t)spec->ngroups * sizeof(uint32_t) : 0;
-    size_t len = cwd_len + strings_len(spec->argv, &cmd->argc) + strings_len(envp, &cmd->envc)
-                 + strings_len(spec->exec_paths, &cmd->npaths) + groups_len;
-    char *blob = malloc(len > 0 ? len : 1);
+    *len = cwd_len + strings_len(spec->argv, &cmd->argc) + strings_len(envp, &cmd->envc)
+           + strings_len(spec->exec_paths, &cmd->npaths) + groups_len;
+    char *blob = malloc(*len > 0 ? *len : 1);
     if (blob == NULL)
-        return -1;
+        return NULL;
     char *p = blob;
     if (cwd_len > 0) {
         memcpy(p, spec->cwd, cwd_len);
@@ -359,16 +361,21 @@ static int write_spec(const struct bp_spec *spec, char *const *envp, struct bp_s
     if (groups_len > 0)
         memcpy(p, spec->groups, groups_len);
     cmd->ngroups = spec->ngroups;
-    cmd->spec_len = (int64_t)len;
+    cmd->spec_len = (int64_t)*len;
+    return blob;
+}
+
+/* A spec too large for one record, in a memfd: no size limit, and a send
+ * that never blocks on a slow reader. */
+static int spec_memfd(const char *blob, size_t len)
+{
     int fd = (int)syscall(SYS_memfd_create, "boundedproc-spec", 1U); /* MFD_CLOEXEC */
     if (fd < 0 || put(fd, blob, len) < 0) {
         int e = errno;
-        free(blob);
         bp__close_fd(&fd);
         errno = e;
         return -1;
     }
-    free(blob);
     return fd;
 }
 
@@ -406,22 +413,35 @@ pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err
         cmd.rlimits_hard[i] = spec->rlimits_hard[i];
     }
     char *const *envp = spec->envp != NULL ? spec->envp : environ;
-    int memfd = write_spec(spec, envp, &cmd);
-    if (memfd < 0) {
-        *stage = BP_STAGE_MEMFD;
-        *err = errno;
+    size_t len = 0;
+    char *blob = spec_blob(spec, envp, &cmd, &len);
+    if (blob == NULL) {
+        *stage = BP_STAGE_ALLOC;
+        *err = ENOMEM;
         return -1;
     }
-    int fds[4] = {memfd, -1, -1, -1};
-    int nfds = 1;
+    int memfd = -1;
+    cmd.inline_spec = len <= BP_SPEC_INLINE_MAX;
+    if (!cmd.inline_spec && (memfd = spec_memfd(blob, len)) < 0) {
+        *stage = BP_STAGE_MEMFD;
+        *err = errno;
+        free(blob);
+        return -1;
+    }
+    int fds[4] = {-1, -1, -1, -1};
+    int nfds = 0;
+    if (memfd >= 0)
+        fds[nfds++] = memfd;
     for (int i = 0; i < 3; i++) {
         if (child[i] < 0)
             cmd.closed |= 1 << i;
         else
             fds[nfds++] = child[i];
     }
-    int rc = send_cmd(sup, &cmd, fds, nfds);
+    int rc = send_cmd(sup, &cmd, fds, nfds, cmd.inline_spec ? blob : NULL,
+                      cmd.inline_spec ? len : 0);
     int send_errno = errno;
+    free(blob);
     bp__close_fd(&memfd);
     if (rc < 0) {
         /* EPIPE/ECONNRESET: it died between runs; anything else (ENOBUFS,
@@ -487,12 +507,17 @@ void bp__sup_signal(struct bp_run *run, int sig)
         (void)kill(run->spec->new_session ? -run->pid : run->pid, sig);
         return;
     }
+    if (run->sup_final) {
+        /* It finished on its own (the leader exited alone): its FINAL
+         * waits to be read, and nothing of the run is left to signal. */
+        return;
+    }
     struct bp_sup_cmd cmd;
     memset(&cmd, 0, sizeof cmd);
     cmd.type = sig == SIGKILL ? BP_CMD_KILL : BP_CMD_SIGNAL;
     cmd.sig = sig;
     cmd.budget_ns = kill_budget(run);
-    if (send_cmd(run->sup, &cmd, NULL, 0) < 0) {
+    if (send_cmd(run->sup, &cmd, NULL, 0, NULL, 0) < 0) {
         run->sup_dead = 1;
         sup_failed(run, BP_RUNNER_DIED);
         (void)kill(run->spec->new_session ? -run->pid : run->pid, sig);
@@ -518,6 +543,7 @@ void bp__sup_event(struct bp_run *run)
     }
     if (n == (ssize_t)sizeof m && m.type == BP_MSG_FINAL) {
         run->leader_exited = 1;  /* finished on its own: left unread for the reap */
+        run->sup_final = 1;
         return;
     }
     /* EOF or garbage: the supervisor is gone, and the leader with it. */

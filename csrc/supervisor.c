@@ -189,25 +189,52 @@ static long list_children(const struct sup *s, pid_t skip, pid_t *out)
 }
 
 /* Reap every adopted orphan that has died (never the leader: its zombie
- * keeps the group id ours). */
-static void reap_orphans(struct sup *s)
+ * keeps the group id ours).  Returns how many children other than the
+ * leader are left, or -1 when that was not counted (the leader lives). */
+static long reap_orphans(struct sup *s)
 {
     for (;;) {
         siginfo_t info;
         memset(&info, 0, sizeof info);
-        if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) < 0 || info.si_pid == 0)
-            return;
+        if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) < 0)
+            return 0;  /* ECHILD: nobody at all */
+        if (info.si_pid == 0)
+            return -1;
         if (info.si_pid == s->leader) {
             /* The first zombie in the list is the leader: reap the others
              * by name. */
             pid_t kids[MAX_KIDS];
-            long n = list_children(s, s->leader, kids);
+            long n = list_children(s, s->leader, kids), left = 0;
             for (long i = 0; i < n; i++)
-                (void)reap_one(s, kids[i], WNOHANG, NULL);
-            return;
+                if (!reap_one(s, kids[i], WNOHANG, NULL))
+                    left++;
+            return left;
         }
         (void)reap_one(s, info.si_pid, WNOHANG, NULL);
     }
+}
+
+/* The leader exited and no other child is left: the run's whole tree is
+ * gone (every live descendant would be our child, or have a live parent
+ * that is) and cannot grow again.  Kill the group (the rule, and harmless),
+ * reap the leader and report, with no round of orphan hunting. */
+static void finish_alone(struct sup *s)
+{
+    struct bp_sup_msg m;
+    memset(&m, 0, sizeof m);
+    m.type = BP_MSG_FINAL;
+    m.pid = (int32_t)s->leader;
+    (void)kill(s->new_session ? -s->leader : s->leader, SIGKILL);
+    int status = 0;
+    (void)reap_one(s, s->leader, 0, &status);
+    m.status = status;
+    m.reusable = 1;
+    m.utime_us = s->utime_us;
+    m.stime_us = s->stime_us;
+    m.maxrss_kb = s->maxrss_kb;
+    s->leader = 0;
+    s->exited = 0;
+    send_msg(s, &m);
 }
 
 /* Signal the leader's group (while the leader is unreaped) and every
@@ -282,14 +309,17 @@ struct run_fds {
     int std[3];
 };
 
+/* An inline spec lands here (the supervisor serves one run at a time). */
+static char inline_spec[BP_SPEC_INLINE_MAX + 1];
+
 static int recv_cmd(struct sup *s, struct bp_sup_cmd *cmd, struct run_fds *fds)
 {
     char cbuf[CMSG_SPACE(sizeof(int) * 4)];
-    struct iovec iov = {cmd, sizeof *cmd};
+    struct iovec iov[2] = {{cmd, sizeof *cmd}, {inline_spec, BP_SPEC_INLINE_MAX}};
     struct msghdr mh;
     memset(&mh, 0, sizeof mh);
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
+    mh.msg_iov = iov;
+    mh.msg_iovlen = 2;
     mh.msg_control = cbuf;
     mh.msg_controllen = sizeof cbuf;
     fds->spec = -1;
@@ -309,7 +339,10 @@ static int recv_cmd(struct sup *s, struct bp_sup_cmd *cmd, struct run_fds *fds)
                 memcpy(&got[ngot++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
         }
     }
-    if (n != (ssize_t)sizeof *cmd) {
+    size_t want = sizeof *cmd;
+    if (n >= (ssize_t)sizeof *cmd && cmd->type == BP_CMD_RUN && cmd->inline_spec)
+        want += (size_t)cmd->spec_len;
+    if (n != (ssize_t)want || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
         for (int i = 0; i < ngot; i++)
             close(got[i]);
         cmd->type = 0;
@@ -317,7 +350,7 @@ static int recv_cmd(struct sup *s, struct bp_sup_cmd *cmd, struct run_fds *fds)
     }
     if (cmd->type == BP_CMD_RUN) {
         int k = 0;
-        fds->spec = k < ngot ? got[k++] : -1;
+        fds->spec = !cmd->inline_spec && k < ngot ? got[k++] : -1;
         for (int i = 0; i < 3; i++)
             if (!(cmd->closed & (1 << i)))
                 fds->std[i] = k < ngot ? got[k++] : -1;
@@ -362,26 +395,34 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
     int stage = BP_STAGE_MEMFD, err = EINVAL;
     char *blob = NULL, **argv = NULL, **envp = NULL, **paths = NULL;
     pid_t pid = 0;
-    if (fds->spec < 0 || cmd->spec_len <= 0 || cmd->spec_len > (1LL << 31))
-        goto fail;
-    blob = malloc((size_t)cmd->spec_len + 1);
-    if (blob == NULL) {
-        err = ENOMEM;
-        goto fail;
-    }
     size_t got = 0;
-    while (got < (size_t)cmd->spec_len) {
-        ssize_t r = pread(fds->spec, blob + got, (size_t)cmd->spec_len - got, (off_t)got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            err = r < 0 ? errno : EIO;
+    if (cmd->spec_len <= 0 || cmd->spec_len > (1LL << 31))
+        goto fail;
+    if (cmd->inline_spec) {
+        got = (size_t)cmd->spec_len;
+        inline_spec[got] = '\0';
+    } else {
+        if (fds->spec < 0)
+            goto fail;
+        blob = malloc((size_t)cmd->spec_len + 1);
+        if (blob == NULL) {
+            err = ENOMEM;
             goto fail;
         }
-        got += (size_t)r;
+        while (got < (size_t)cmd->spec_len) {
+            ssize_t r = pread(fds->spec, blob + got, (size_t)cmd->spec_len - got, (off_t)got);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                err = r < 0 ? errno : EIO;
+                goto fail;
+            }
+            got += (size_t)r;
+        }
+        blob[got] = '\0';
     }
-    blob[got] = '\0';
-    char *p = blob, *end = blob + got;
+    char *base = cmd->inline_spec ? inline_spec : blob;
+    char *p = base, *end = base + got;
     const char *cwd = NULL;
     if (cmd->has_cwd) {
         cwd = p;
@@ -528,20 +569,16 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
                 if (waitid(P_PID, (id_t)s->leader, &info, WEXITED | WNOHANG | WNOWAIT) == 0
                     && info.si_pid == s->leader) {
                     s->exited = 1;
-                    pid_t kid[MAX_KIDS];
-                    reap_orphans(s);
-                    if (list_children(s, s->leader, kid) == 0) {
-                        /* Alone: the run's whole tree is gone and cannot grow
-                         * again; finish now and save the core a round trip. */
-                        finish(s, 0, 1);
+                    if (reap_orphans(s) == 0) {
+                        finish_alone(s);  /* saves the core a round trip */
                         return 0;
                     }
                     send_simple(s, BP_MSG_EXITED, (int)s->leader, 0, 0);
                 } else {
-                    reap_orphans(s);
+                    (void)reap_orphans(s);
                 }
             } else if (chld) {
-                reap_orphans(s);
+                (void)reap_orphans(s);
             }
         } else if (rc == 0 && getppid() != s->caller) {
             finish(s, 0, 0);
