@@ -6,9 +6,12 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from boundedproc._options import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT
 from boundedproc._result import AnyResult
@@ -41,9 +44,20 @@ def _seconds(text: str) -> float:
     return value
 
 
+USAGE_EXIT_CODE = 125  # as timeout(1) and env(1): 1, 2, ... stay the command's own
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors exiting 125 instead of 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(USAGE_EXIT_CODE, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The command line's parser."""
-    p = argparse.ArgumentParser(
+    """The command line's parser (usage errors exit 125)."""
+    p = _Parser(
         prog="python -m boundedproc",
         description="Run CMD bounded in time and output; at the end its whole process "
         "group is killed, so nothing it started survives.  Exits with CMD's exit code "
@@ -92,20 +106,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not words:
         parser.error("no command given (put it after --)")
     cmd = " ".join(words) if args.shell else words
+    live = None if args.json else _PassThrough(args.max_output)
     try:
         result = run(cmd, shell=args.shell or False, timeout=args.timeout,
                      max_output=args.max_output, on_overflow=args.on_overflow,
-                     kill_grace=args.kill_grace)
+                     kill_grace=args.kill_grace, on_output=live)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # our stdout's reader left: the run was ended, as `cmd | head`
+        _quiet_stdout()
+        return 128 + signal.SIGPIPE
     if args.json:
         print(result_json(result))
     else:
-        out = sys.stdout.buffer
-        assert isinstance(result.stdout, bytes) and isinstance(result.stderr, bytes)
-        out.write(result.stdout)
-        out.flush()
-        sys.stderr.buffer.write(result.stderr)
         if result.runner_error is not None:
             sys.stderr.write(f"boundedproc: {result.runner_error}\n")
         elif result.timed_out:
@@ -117,6 +130,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stderr.write("boundedproc: a process outside the group held the output open\n")
         sys.stderr.flush()
     return result.exit_code
+
+
+class _PassThrough:
+    """``on_output`` that writes the kept bytes to our own stdout and stderr as they come.
+
+    The core keeps the first ``max_output`` bytes across both streams in
+    arrival order (``keep="head"``), and so does this: what is shown live is
+    exactly what the ``Result`` holds, and the cap holds for it too.
+    """
+
+    def __init__(self, cap: int | None) -> None:
+        self.left = cap
+
+    def __call__(self, stream: int, chunk: bytes) -> None:
+        if self.left is not None:
+            chunk = chunk[:self.left]
+            self.left -= len(chunk)
+        if not chunk:
+            return
+        out = sys.stdout if stream == 1 else sys.stderr
+        if out is None:  # that fd of ours was closed: nowhere to show it
+            return
+        out.buffer.write(chunk)
+        out.buffer.flush()
+
+
+def _quiet_stdout() -> None:
+    """Point fd 1 at /dev/null, so that the interpreter's last flush cannot fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno() if sys.stdout is not None else 1)
+    os.close(devnull)
 
 
 if __name__ == "__main__":

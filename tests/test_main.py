@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import select
 import subprocess
 import sys
 
@@ -83,10 +84,41 @@ def test_missing_program_is_127() -> None:
 
 
 def test_usage_errors() -> None:
-    """No command, or a bad option value, is a usage error (exit 2)."""
-    with pytest.raises(SystemExit) as info:
-        main([])
-    assert info.value.code == 2
-    with pytest.raises(SystemExit) as info:
-        main(["--timeout", "-1", "--", "true"])
-    assert info.value.code == 2
+    """No command, a bad option or a bad option value is a usage error: exit 125, as timeout(1)."""
+    for argv in ([], ["--timeout", "-1", "--", "true"], ["--no-such-option", "--", "true"],
+                 ["--max-output", "1T", "--", "true"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 125, argv
+    p = cli("--timeout", "x", "--", "true")
+    assert p.returncode == 125 and b"not a number of seconds" in p.stderr
+
+
+def test_output_passes_through_live() -> None:
+    """A line reaches our stdout while the command still runs, not at its end."""
+    proc = subprocess.Popen(
+        [PY, "-m", "boundedproc", "--timeout", "60", "--", PY, "-c",
+         "import time\nprint('first', flush=True)\ntime.sleep(60)"],
+        stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready and proc.stdout.readline() == b"first\n"
+        assert proc.poll() is None  # the command is still sleeping
+    finally:
+        proc.kill()  # the run dies with its caller (containment, or PDEATHSIG)
+        proc.wait()
+
+
+def test_live_output_keeps_the_cap() -> None:
+    """What is shown live is the kept head: the cap holds for it, across both streams."""
+    p = cli("--max-output", "10", "--", "sh", "-c", "printf 0123456; printf abcdef >&2; echo xyz")
+    assert p.stdout == b"0123456" and p.stderr.startswith(b"abc")
+    assert b"output truncated at 10 bytes" in p.stderr
+
+
+def test_closed_stdout_reader_ends_the_run() -> None:
+    """`python -m boundedproc -- yes | head -1` ends at once, without a traceback."""
+    p = subprocess.run(["sh", "-c", f"'{PY}' -m boundedproc --timeout 60 -- yes | head -1"],
+                       capture_output=True, timeout=30, check=False)
+    assert p.stdout == b"y\n" and b"Traceback" not in p.stderr
