@@ -112,7 +112,8 @@ def test_output_passes_through_live() -> None:
 
 def test_live_output_keeps_the_cap() -> None:
     """What is shown live is the kept head: the cap holds for it, across both streams."""
-    p = cli("--max-output", "10", "--", "sh", "-c", "printf 0123456; printf abcdef >&2; echo xyz")
+    p = cli("--max-output", "10", "--", "sh", "-c",
+            "printf 0123456; sleep 0.2; printf abcdef >&2; sleep 0.2; echo xyz")
     assert p.stdout == b"0123456" and p.stderr.startswith(b"abc")
     assert b"output truncated at 10 bytes" in p.stderr
 
