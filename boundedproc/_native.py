@@ -206,8 +206,9 @@ class _StartFailure:
 def _refuse(stage: int, err: int) -> None:
     global CONTAIN_SUPPORTED, _REFUSAL
     CONTAIN_SUPPORTED = False
-    _REFUSAL = (f"refused by this system: the supervisor's {stage_name(stage)} failed with "
-                f"{errno_name(err)}; runs with contain=None are not contained")
+    step = "execve" if stage == lib.BP_STAGE_SUPERVISOR else stage_name(stage)
+    _REFUSAL = (f"refused by this system: the supervisor program {SUPERVISOR_PATH!r} failed "
+                f"at {step} with {errno_name(err)}; runs with contain=None are not contained")
     warnings.warn(f"boundedproc: containment is off: {_REFUSAL}", RuntimeWarning, stacklevel=4)
 
 
@@ -564,7 +565,12 @@ def _spawn_failure(failure: _StartFailure) -> NativeOutcome:
     return NativeOutcome(
         spawned=False, pid=0, exit_code=SPAWN_FAILURE_EXIT_CODE, term_signal=0,
         timed_out=False, cancelled=False, output_truncated=False, escaped=False,
-        stdin_delivered=False, stdin_written=0, err_stage=failure.stage,
+        stdin_delivered=False, stdin_written=0,
+        # Our own pipes and fork fail for the caller's reasons and are told as such; any
+        # other step belongs to the supervisor program, never to the command.
+        err_stage=(failure.stage if failure.stage in (lib.BP_STAGE_PIPE, lib.BP_STAGE_FORK,
+                                                      lib.BP_STAGE_ALLOC)
+                   else lib.BP_STAGE_SUPERVISOR),
         err_errno=failure.err, output_bytes=0, stdout=b"", stderr=b"", user_time=0.0,
         system_time=0.0, max_rss=0, exit_watch=0, unkilled=0, stdout_omitted=0,
         stderr_omitted=0, stdout_gap=None, stderr_gap=None)

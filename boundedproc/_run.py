@@ -410,6 +410,8 @@ def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes 
             target = f"cwd {text_arg(cwd or b'')!r}"
         elif stage == "execve":
             target = f"program {text_arg(args[0])!r}"
+        elif stage == "supervisor":
+            target = f"the supervisor program {_native.SUPERVISOR_PATH!r}"
         else:
             target = f"{stage} for {text_arg(args[0])!r}"
         prefix = "runner failed" if out.spawned else "spawn failed"

@@ -271,7 +271,8 @@ int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_sup *s
         run->phase = BP_PHASE_DONE;
         return 0;
     }
-    run->start_ns = bp__now_ns();
+    if (run->start_ns == 0)
+        run->start_ns = bp__now_ns();  /* unless the supervisor's LEADER set it */
     if (spec->timeout_ns >= 0) {
         run->deadline_ns = run->start_ns + spec->timeout_ns;
         if (spec->kill_grace_ns >= 0)

@@ -202,7 +202,10 @@ child_fail: {
     int fail_stage = 0, fail_err = 0;
     struct bp_sup_msg m;
     if (n > 0) {
-        fail_stage = BP_STAGE_EXEC;
+        /* The supervisor program itself could not be executed (EACCES when a caller that
+         * dropped its ids cannot reach the installed package): a supervisor failure, never
+         * to be told as the command's own execve failing. */
+        fail_stage = BP_STAGE_SUPERVISOR;
         fail_err = n == (ssize_t)sizeof e ? e[1] : EIO;
     } else if (wait_readable(sup->sock, HELLO_WAIT_MS) != 1 || recv_msg(sup->sock, &m) != 1
                || m.type != BP_MSG_HELLO) {
@@ -452,9 +455,26 @@ pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err
         return -1;
     }
     pid_t leader = 0;
+    int64_t leader_deadline = -1;
     for (;;) {
         struct bp_sup_msg m;
-        int ready = wait_readable(sup->sock, SPAWN_WAIT_MS);
+        int wait_ms = SPAWN_WAIT_MS;
+        if (leader_deadline >= 0) {
+            /* The command runs: its deadline bounds this wait too (a command that stops
+             * its supervisor before SPAWNED must not hold the caller 5 s).  At the
+             * deadline the run goes on as a started one, and the loop finds the
+             * supervisor unresponsive and kills the group itself. */
+            int64_t left = (leader_deadline - bp__now_ns()) / 1000000;
+            if (left <= 0) {
+                run->exit_fd = sup->sock;
+                return leader;
+            }
+            if (left < wait_ms)
+                wait_ms = (int)left;
+        }
+        int ready = wait_readable(sup->sock, wait_ms);
+        if (ready == 0 && wait_ms < SPAWN_WAIT_MS)  /* the deadline's wait, not the 5 s */
+            continue;
         int got = ready == 1 ? recv_msg(sup->sock, &m) : -1;
         if (got == -1 && ready == 1 && (errno == EAGAIN || errno == EWOULDBLOCK))
             continue;
@@ -473,6 +493,9 @@ pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err
         }
         if (m.type == BP_MSG_LEADER) {
             leader = m.pid;
+            run->start_ns = bp__now_ns();  /* the command's clock starts here */
+            if (spec->timeout_ns >= 0)
+                leader_deadline = run->start_ns + spec->timeout_ns;
         } else if (m.type == BP_MSG_SPAWNED) {
             run->exit_fd = sup->sock;  /* borrowed: never closed by the run */
             return m.pid;

@@ -70,6 +70,48 @@ def importable_env() -> dict[str, str]:
     return env
 
 
+def as_nobody(code: str, cwd: str = "/") -> dict[str, object]:
+    """Run `code` in a Python child that imports boundedproc as root, then becomes nobody.
+
+    The interpreter of the test run may be unreadable by nobody (pyenv under a 0700 /root),
+    so the child drops its ids itself once everything is imported; the code sets `out` to a
+    dict, returned here.  Skips unless the test runs as root with a 'nobody' user whom the
+    supervisor program is reachable by (it is executed after the ids are dropped).
+    """
+    import json
+    import pwd
+    import subprocess
+    import sys
+
+    from boundedproc import _native
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to become nobody")
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no 'nobody' user")
+    probe = subprocess.run(
+        [sys.executable, "-c",
+         f"import os; os.setgroups([]); os.setgid({nobody.pw_gid}); os.setuid({nobody.pw_uid});"
+         f"os._exit(0 if os.access({_native.SUPERVISOR_PATH!r}, os.X_OK) else 1)"],
+        check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"nobody cannot execute {_native.SUPERVISOR_PATH} (a directory above it "
+                    "is closed to others)")
+    prog = (
+        "import json, os, sys\n"
+        "import boundedproc\n"
+        f"os.setgroups([]); os.setgid({nobody.pw_gid}); os.setuid({nobody.pw_uid})\n"
+        f"{code}\n"
+        "sys.stdout.write(json.dumps(out))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", prog], env=importable_env(), cwd=cwd,
+                          capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
 def pids_in(text: str | bytes) -> list[int]:
     """Every integer on its own line of a command's output."""
     if isinstance(text, bytes):

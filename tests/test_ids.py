@@ -13,7 +13,7 @@ import time
 
 import psutil
 import pytest
-from conftest import importable_env
+from conftest import as_nobody, importable_env
 
 from boundedproc import SPAWN_FAILURE_EXIT_CODE, Limits, run
 from boundedproc._ids import NO_CHANGE, Ids, Unresolved, resolve
@@ -175,31 +175,11 @@ def test_group_alone_sets_the_gid_and_the_only_group(contain: bool) -> None:
     assert [int(g) for g in groups] == [NOBODY.pw_gid]
 
 
-def _as_nobody(code: str) -> dict[str, object]:
-    """Run `code` in a Python child that imports boundedproc as root, then becomes nobody.
-
-    The interpreter of the test run may be unreadable by nobody (pyenv under /root), so the
-    child drops its ids itself once everything is imported; the code sets `out` to a dict.
-    """
-    assert NOBODY is not None
-    prog = (
-        "import json, os, sys\n"
-        "import boundedproc\n"
-        f"os.setgroups([]); os.setgid({NOBODY.pw_gid}); os.setuid({NOBODY.pw_uid})\n"
-        f"{code}\n"
-        "sys.stdout.write(json.dumps(out))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", prog], env=importable_env(), cwd="/",
-                          capture_output=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr.decode()
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
-
-
 @needs_root
 @CONTAIN
 def test_non_root_caller_cannot_become_another_user(contain: bool) -> None:
     """A caller that is not root asking for user='root' gets a 'spawn failed: EPERM' result."""
-    out = _as_nobody(
+    out = as_nobody(
         f"r = boundedproc.run(['id', '-u'], user='root', contain={contain}, timeout=10)\n"
         "out = dict(spawned=r.spawned, exit_code=r.exit_code, error=r.runner_error,\n"
         "           stdout=r.stdout.decode())"
