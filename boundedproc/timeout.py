@@ -634,8 +634,8 @@ class _Timeout:
             self.armed = False
             return
         left = self.due[0][0] - time.monotonic()
+        self.armed = True  # first: the SIGALRM may be handled before setitimer returns
         signal.setitimer(signal.ITIMER_REAL, min(max(left, 1e-6), _MAX_ALARM))
-        self.armed = True
 
     def on_alarm(self, signum: int, frame: FrameType | None) -> None:
         # Our itimer has expired exactly when it is armed and reads 0 now; a

@@ -1,0 +1,771 @@
+"""`boundedproc-timeout` / `python -m boundedproc.timeout`: coreutils timeout(1), SPEC 9.5.
+
+Every test runs the command line as a user would (a subprocess, real signals, a pty with a
+job-control shell where the terminal matters).  Where GNU timeout is installed, the tests that
+pin its command line also run it with the same arguments and compare; they never need it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pty
+import re
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import alive, importable_env, pids_in, wait_dead
+
+from boundedproc.timeout import parse_duration, parse_signal, signal_name
+
+PY = sys.executable
+CLI = [PY, "-m", "boundedproc.timeout"]
+HINT = b"Try 'python -m boundedproc.timeout --help' for more information.\n"
+
+
+def _gnu_timeout() -> str | None:
+    path = "/usr/bin/timeout"
+    if not os.access(path, os.X_OK):
+        return None
+    out = subprocess.run([path, "--version"], capture_output=True, timeout=10, check=False)
+    return path if b"GNU coreutils" in out.stdout else None
+
+
+GNU = _gnu_timeout()
+
+
+def env_c(**extra: str) -> dict[str, str]:
+    """The test environment in the C locale (ASCII quotes), reaching the package under test."""
+    env = importable_env()
+    env["LC_ALL"] = "C"
+    env.update(extra)
+    return env
+
+
+def tcli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
+         **kw: object) -> subprocess.CompletedProcess[bytes]:
+    kw.setdefault("stdout", subprocess.PIPE)
+    kw.setdefault("stderr", subprocess.PIPE)
+    return subprocess.run([*CLI, *args], timeout=timeout, env=env or env_c(), check=False,
+                          **kw)  # type: ignore[call-overload]
+
+
+def gnu(*args: str) -> subprocess.CompletedProcess[bytes]:
+    assert GNU is not None
+    return subprocess.run([GNU, *args], capture_output=True, timeout=60, env=env_c(),
+                          check=False)
+
+
+def normal(stderr: bytes) -> bytes:
+    """A message with the program's name and --help hint written as `timeout`."""
+    assert GNU is not None
+    return (stderr.replace(b"python -m boundedproc.timeout", b"timeout")
+            .replace(GNU.encode(), b"timeout"))
+
+
+def shell_status(returncode: int) -> int:
+    """The status a shell reports ($?): 128+N for a death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def same_as_gnu(args: Sequence[str], ours: subprocess.CompletedProcess[bytes],
+                stderr: bool = True) -> None:
+    """GNU timeout, where installed, gives the shell the same status (and says the same).
+
+    The status, not the wait status: where KILL was needed GNU timeout is killed by it
+    itself (its own group is signalled) and we exit 137 (README).
+    """
+    if GNU is None:
+        return
+    theirs = gnu(*args)
+    assert shell_status(theirs.returncode) == ours.returncode, (args, theirs.stderr)
+    if stderr:
+        assert normal(theirs.stderr) == normal(ours.stderr), args
+
+
+class Started:
+    """The command line started with Popen; killed, with what it started, on close."""
+
+    def __init__(self, args: Sequence[str], preexec: Callable[[], None] | None = None,
+                 **kw: object) -> None:
+        self.proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=env_c(),
+                                     preexec_fn=preexec, **kw)  # type: ignore[call-overload]
+        self.out = b""
+
+    def line(self, within: float = 30) -> bytes:
+        """The next line of the command's stdout (bounded)."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + within
+        while b"\n" not in self.out:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([fd], [], [], max(left, 0))
+            assert ready, f"no line within {within} s: {self.out!r}"
+            data = os.read(fd, 4096)
+            assert data, f"EOF before a line: {self.out!r}"
+            self.out += data
+        first, _, self.out = self.out.partition(b"\n")
+        return first
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def finish(self, within: float = 30) -> tuple[int, bytes, bytes]:
+        out, err = self.proc.communicate(timeout=within)
+        return self.proc.returncode, self.out + out, err
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # the run dies with it (containment, or PDEATHSIG)
+        self.proc.communicate(timeout=30)
+
+
+@pytest.fixture
+def started() -> Iterator[Callable[..., Started]]:
+    """Start the command line; whatever is still running is killed after the test."""
+    runs: list[Started] = []
+
+    def start(*args: str, preexec: Callable[[], None] | None = None) -> Started:
+        run = Started(args, preexec)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.close()
+
+
+# --- the duration ---------------------------------------------------------------------
+
+TIMED = ["0.2", "0.2s", ".2", "2e-1", "0x1p-3", "0X.4P0", "0.003m", "5e-5h", "2e-6d", " 0.2",
+         "+0.2", "1e-400"]
+
+
+@pytest.mark.parametrize("duration", TIMED)
+def test_duration_forms_time_out(duration: str) -> None:
+    """Decimal, exponent, hexadecimal and unit forms (and an underflow: not 0) time out: 124."""
+    started = time.monotonic()
+    p = tcli(duration, "sleep", "30")
+    assert p.returncode == 124 and p.stderr == b""
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize("duration", ["0", "0s", "-0", "0x0", "0.0d", "inf", "INFINITY",
+                                      "1e400", "1e308d"])
+def test_durations_without_a_limit(duration: str) -> None:
+    """0 means no limit; infinity and overflows mean one never reached."""
+    p = tcli("--", duration, "sh", "-c", "sleep 0.3; exit 3")
+    assert p.returncode == 3 and p.stderr == b""
+
+
+BAD_DURATIONS = ["", "x", "1x", "1ss", "0.2 ", "-1", "nan", "NaN", "1e", "0x", "0xg", "1S",
+                 "1,5", "s", ".", "1.2.3", "--1", "-inf"]
+
+
+@pytest.mark.parametrize("duration", BAD_DURATIONS)
+def test_bad_durations_are_125(duration: str) -> None:
+    """Anything strtod and one unit cannot read is 125 with coreutils' message."""
+    for args in (["--", duration, "true"], ["-k", duration, "1", "true"]):
+        p = tcli(*args)
+        assert p.returncode == 125
+        assert p.stderr == b"timeout: invalid time interval '%s'\n%s" % (
+            duration.encode(), HINT)
+        same_as_gnu(args, p)
+
+
+def test_negative_underflow_is_an_error() -> None:
+    """-1e-400 reads as a tiny negative number: an error (as coreutils since 9.6; 9.1 took 0)."""
+    p = tcli("--", "-1e-400", "true")
+    assert p.returncode == 125 and b"invalid time interval" in p.stderr
+
+
+@pytest.mark.parametrize("text, point, seconds", [
+    ("1.5m", ".", 90.0), ("0x1.8p1", ".", 3.0), ("0xAd", ".", 173.0), ("1d", ".", 86400.0),
+    ("1,5", ",", 1.5), ("1.5", ",", 1.5), ("1e-400", ".", 5e-324), ("inf", ".", math.inf),
+    ("  7s", ".", 7.0), ("0x10", ".", 16.0), ("1e3", ".", 1000.0), ("2h", ".", 7200.0),
+])
+def test_parse_duration(text: str, point: str, seconds: float) -> None:
+    """DURATION reads as strtod does (the locale's decimal point or '.'), times its unit."""
+    assert parse_duration(text, point) == seconds
+
+
+# --- exit statuses --------------------------------------------------------------------
+
+STATUSES = [
+    (["0.2", "sleep", "30"], 124),
+    (["--bogus", "1", "true"], 125),
+    (["1", "/"], 126),
+    (["1", "/no/such/program"], 127),
+    (["-k", "0.2", "0.2", "sh", "-c", "trap '' TERM; sleep 30"], 137),
+    (["-s", "KILL", "0.2", "sleep", "30"], 137),
+    (["5", "sh", "-c", "exit 7"], 7),
+    (["--preserve-status", "0.2", "sleep", "30"], 143),
+    (["--preserve-status", "0.2", "sh", "-c", "trap 'exit 5' TERM; sleep 30 & wait"], 5),
+    (["--preserve-status", "-k", "0.2", "0.2", "sh", "-c", "trap '' TERM; sleep 30"], 137),
+    (["0.2", "sh", "-c", "trap 'exit 5' TERM; sleep 30 & wait"], 124),
+]
+
+
+@pytest.mark.parametrize("args, status", STATUSES)
+def test_exit_statuses(args: list[str], status: int) -> None:
+    """124 on the deadline, 125 own failure, 126/127 as exec fails, 137 when KILL was needed."""
+    p = tcli(*args)
+    assert p.returncode == status, p.stderr
+    same_as_gnu(args, p, stderr=False)
+
+
+def test_preserve_status_short_option() -> None:
+    """-p is --preserve-status and -f --foreground, as in coreutils 9.5+."""
+    assert tcli("-p", "0.2", "sleep", "30").returncode == 143
+    assert tcli("-f", "5", "sh", "-c", "exit 6").returncode == 6
+
+
+def test_exec_failures_say_why() -> None:
+    """A command that cannot be run is named with the system's reason, as coreutils does."""
+    p = tcli("1", "/no/such/program")
+    assert p.stderr == b"timeout: failed to run command '/no/such/program': No such file or directory\n"
+    same_as_gnu(["1", "/no/such/program"], p)
+    p = tcli("1", "/")
+    assert p.stderr == b"timeout: failed to run command '/': Permission denied\n"
+
+
+# --- the command line -----------------------------------------------------------------
+
+USAGE = [
+    ([], b""),
+    (["5"], b""),
+    (["-x", "1", "true"], b"timeout: invalid option -- 'x'\n"),
+    (["--foo", "1", "true"], b"timeout: unrecognized option '--foo'\n"),
+    (["-k"], b"timeout: option requires an argument -- 'k'\n"),
+    (["--kill-after"], b"timeout: option '--kill-after' requires an argument\n"),
+    (["--ver", "1", "true"],
+     b"timeout: option '--ver' is ambiguous; possibilities: '--verbose' '--version'\n"),
+    (["--foreground=x", "1", "true"],
+     b"timeout: option '--foreground' doesn't allow an argument\n"),
+    (["-s", "FOO", "1", "true"], b"timeout: 'FOO': invalid signal\n"),
+    (["-s", "65", "1", "true"], b"timeout: '65': invalid signal\n"),
+    (["-s", "-9", "1", "true"], b"timeout: '-9': invalid signal\n"),
+    (["--", "-1", "true"], b"timeout: invalid time interval '-1'\n"),
+]
+
+
+@pytest.mark.parametrize("args, message", USAGE)
+def test_usage_errors_are_125(args: list[str], message: bytes) -> None:
+    """Bad options and operand counts exit 125 with getopt's message and the --help hint."""
+    p = tcli(*args)
+    assert p.returncode == 125 and p.stderr == message + HINT
+    same_as_gnu(args, p)
+
+
+@pytest.mark.parametrize("args, status", [
+    (["--sig=9", "0", "true"], 0), (["--pres", "1", "true"], 0), (["-vk1", "1", "true"], 0),
+    (["-sKILL", "1", "true"], 0), (["--", "1", "true"], 0), (["--kill-after=1", "1", "true"], 0),
+    (["1", "--", "true"], 127), (["1", "-v", "true"], 127),
+])
+def test_option_forms(args: list[str], status: int) -> None:
+    """Abbreviated long options, grouped short ones, --opt=value; options end at DURATION."""
+    p = tcli(*args)
+    assert p.returncode == status
+    same_as_gnu(args, p)
+
+
+def test_help_and_version() -> None:
+    """--help and --version print to stdout and exit 0, whatever follows them."""
+    p = tcli("--help", "--bogus")
+    assert p.returncode == 0 and p.stdout.startswith(
+        b"Usage: timeout [OPTION]... DURATION COMMAND [ARG]...\n")
+    from boundedproc import __version__
+
+    p = tcli("--version")
+    assert p.returncode == 0 and p.stdout == f"timeout (boundedproc) {__version__}\n".encode()
+    assert tcli("--bogus", "--help").returncode == 125
+
+
+def test_console_script_names_itself(tmp_path: Path) -> None:
+    """Run as `boundedproc-timeout` it says so; through a link named `timeout`, `timeout:`."""
+    script = tmp_path / "boundedproc-timeout"
+    script.write_text(f"#!{PY}\nimport sys\nfrom boundedproc.timeout import main\n"
+                      "sys.exit(main())\n")
+    script.chmod(0o755)
+    (tmp_path / "timeout").symlink_to(script)
+    for name in ("boundedproc-timeout", "timeout"):
+        p = subprocess.run([str(tmp_path / name), "-v", "0.2", "sleep", "30"],
+                           capture_output=True, timeout=60, env=env_c(), check=False)
+        assert p.returncode == 124
+        assert p.stderr == f"{name}: sending signal TERM to command 'sleep'\n".encode()
+        p = subprocess.run([str(tmp_path / name), "x"], capture_output=True, timeout=60,
+                           env=env_c(), check=False)
+        assert p.stderr == f"Try '{name} --help' for more information.\n".encode()
+
+
+# --- -s, -k, -v ---------------------------------------------------------------------
+
+REPORTER = ("for s in HUP INT USR1 TERM; do trap \"echo $s; exit 0\" $s; done; "
+            "echo ready; sleep 30 & wait")
+
+
+@pytest.mark.parametrize("spelling, name", [
+    ("HUP", b"HUP"), ("SIGHUP", b"HUP"), ("hup", b"HUP"), ("1", b"HUP"), ("sigusr1", b"USR1"),
+    ("10", b"USR1"), ("TERM", b"TERM"), ("INT", b"INT"),
+])
+def test_signal_option(spelling: str, name: bytes) -> None:
+    """-s takes a name (any case, SIG or not) or a number: that signal is sent at the deadline."""
+    p = tcli("-s", spelling, "0.5", "sh", "-c", REPORTER)
+    assert p.returncode == 124 and p.stdout == b"ready\n" + name + b"\n"
+
+
+def test_signal_zero_sends_nothing() -> None:
+    """-s 0 sends no signal: the command runs on, and the status is still 124."""
+    started = time.monotonic()
+    p = tcli("-v", "-s", "0", "0.2", "sh", "-c", "sleep 1; echo done")
+    assert p.returncode == 124 and p.stdout == b"done\n"
+    assert time.monotonic() - started >= 0.9
+    assert p.stderr == b"timeout: sending signal EXIT to command 'sh'\n"
+    args = ["-s", "0", "-k", "0.3", "0.2", "sleep", "30"]
+    p = tcli(*args)
+    assert p.returncode == 137
+    same_as_gnu(args, p)
+
+
+@pytest.mark.parametrize("spelling, num", [
+    ("TERM", 15), ("sigterm", 15), ("Sig15", 15), ("0", 0), ("EXIT", 0), ("137", 9),
+    ("265", 9), ("256", 0), ("RTMIN", signal.SIGRTMIN), ("rtmin+2", signal.SIGRTMIN + 2),
+    ("RTMAX-1", signal.SIGRTMAX - 1), ("IOT", 6), ("CLD", 17), ("09", 9),
+])
+def test_parse_signal(spelling: str, num: int) -> None:
+    """Signal operands as coreutils' operand2sig reads them (a shell's 128+N status too)."""
+    assert parse_signal(spelling) == num
+
+
+@pytest.mark.parametrize("spelling", ["", "FOO", "-9", " 9", "9x", "65", "200", "32",
+                                      "RTMIN+", "RTMIN+31", "RTMAX-31", "2147483657", "SIG"])
+def test_parse_signal_rejects(spelling: str) -> None:
+    """What is no signal here is a ValueError (a 125 on the command line)."""
+    with pytest.raises(ValueError):
+        parse_signal(spelling)
+
+
+def test_signal_names() -> None:
+    """-v names a signal as coreutils does: ABRT not IOT, POLL not IO, RTMIN+n, EXIT for 0."""
+    assert [signal_name(n) for n in (6, 29, 0, 9)] == ["ABRT", "POLL", "EXIT", "KILL"]
+    assert signal_name(signal.SIGRTMIN + 2) == "RTMIN+2"
+    assert signal_name(signal.SIGRTMAX - 1) == "RTMAX-1"
+    assert signal_name(32) is None
+
+
+def test_verbose_messages() -> None:
+    """-v says each signal sent: the deadline's, then -k's KILL; quotes follow the locale."""
+    cases = [
+        (["-v", "0.2", "sleep", "30"], env_c(),
+         b"timeout: sending signal TERM to command 'sleep'\n"),
+        (["-v", "-s", "HUP", "0.2", "sleep", "30"], env_c(),
+         b"timeout: sending signal HUP to command 'sleep'\n"),
+        (["-v", "-k", "0.2", "0.2", "sh", "-c", "trap '' TERM; sleep 30"], env_c(),
+         b"timeout: sending signal TERM to command 'sh'\n"
+         b"timeout: sending signal KILL to command 'sh'\n"),
+        (["-v", "0.2", "sleep", "30"], env_c(LC_ALL="C.UTF-8"),
+         "timeout: sending signal TERM to command \u2018sleep\u2019\n".encode()),
+    ]
+    for args, env, message in cases:
+        p = tcli(*args, env=env)
+        assert p.stderr == message, args
+        if GNU is not None:
+            theirs = subprocess.run([GNU, *args], capture_output=True, timeout=60, env=env,
+                                    check=False)
+            assert normal(theirs.stderr) == normal(p.stderr), args
+
+
+def test_verbose_quotes_odd_names() -> None:
+    """A command name with a quote, a backslash or a control character is quoted as coreutils."""
+    for name, shown in (("a'b", b"'a\\'b'"), ("a\\b", b"'a\\\\b'"), ("a\tb", b"'a\\tb'"),
+                        ("\u00e9", b"'\\303\\251'")):
+        p = tcli("1", name)
+        assert p.returncode == 127
+        assert p.stderr.startswith(b"timeout: failed to run command " + shown + b":"), name
+        same_as_gnu(["1", name], p)
+
+
+def test_kill_after_counts_from_a_forwarded_signal(started: Callable[..., Started]) -> None:
+    """-k's clock starts at the first signal sent, also one received and sent on: then 137."""
+    run = started("-k", "0.3", "30", "sh", "-c", "trap '' TERM; echo ready; sleep 30")
+    assert run.line() == b"ready"
+    began = time.monotonic()
+    run.signal(signal.SIGTERM)
+    status, _, _ = run.finish()
+    assert status == 137 and time.monotonic() - began < 20
+
+
+# --- signals received ---------------------------------------------------------------
+
+FORWARDED = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+             signal.SIGUSR2, signal.SIGALRM]
+CATCHER = (
+    "import signal, sys, time\n"
+    "def caught(n, frame):\n"
+    "    print('got', n, flush=True)\n"
+    "    sys.exit(0)\n"
+    f"for s in {[int(s) for s in FORWARDED]}:\n"
+    "    signal.signal(s, caught)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def _ignore_int_quit() -> None:
+    """What a shell does to a background job: SIGINT and SIGQUIT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["foreground-job", "background-job"])
+@pytest.mark.parametrize("sig", FORWARDED, ids=[s.name for s in FORWARDED])
+def test_signals_are_sent_on(sig: signal.Signals, background: bool,
+                             started: Callable[..., Started]) -> None:
+    """Each of the seven signals received reaches the command, also with INT/QUIT ignored."""
+    run = started("30", PY, "-c", CATCHER, preexec=_ignore_int_quit if background else None)
+    assert run.line() == b"ready"
+    run.signal(sig)
+    status, out, _ = run.finish()
+    assert (status, out) == (0, f"got {int(sig)}\n".encode())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE])
+def test_a_command_killed_by_a_signal_passes_it_on(sig: signal.Signals,
+                                                   started: Callable[..., Started]) -> None:
+    """A command killed by a signal we did not send: we end by the same signal (a loop stops)."""
+    run = started("30", "sh", "-c", f"echo ready; sleep 0.2; kill -s {sig.name[3:]} $$; sleep 5")
+    assert run.line() == b"ready"
+    status, _, err = run.finish()
+    assert status == -sig and b"Traceback" not in err
+
+
+def test_ctrl_c_as_sigint_ends_the_cli_by_sigint(started: Callable[..., Started]) -> None:
+    """SIGINT sent on kills a plain command; then the CLI ends by SIGINT, not an exit code."""
+    run = started("30", "sh", "-c", "echo ready; exec sleep 30")
+    assert run.line() == b"ready"
+    run.signal(signal.SIGINT)
+    status, _, _ = run.finish()
+    assert status == -signal.SIGINT
+
+
+@pytest.mark.parametrize("sig, trap, status", [
+    (signal.SIGTERM, "exit 3", 3), (signal.SIGINT, "exit 0", 0), (signal.SIGHUP, "exit 9", 9),
+])
+def test_a_trapped_signal_decides_the_status(sig: signal.Signals, trap: str, status: int,
+                                             started: Callable[..., Started]) -> None:
+    """A command that traps the signal sent on exits as it chooses, and so do we, as coreutils."""
+    name = sig.name[3:]
+    run = started("30", "sh", "-c", f"trap '{trap}' {name}; echo ready; sleep 30 & wait")
+    assert run.line() == b"ready"
+    run.signal(sig)
+    got, _, _ = run.finish()
+    assert got == status
+
+
+def test_blocked_signals_change_nothing(started: Callable[..., Started]) -> None:
+    """Signals blocked by our parent (TERM, ALRM, CHLD) are still received, timed and sent on."""
+    def block() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK,
+                               {signal.SIGTERM, signal.SIGALRM, signal.SIGCHLD, signal.SIGINT})
+
+    run = started("0.3", "sleep", "30", preexec=block)
+    assert run.finish()[0] == 124
+    run = started("30", "sh", "-c", "echo ready; exec sleep 30", preexec=block)
+    assert run.line() == b"ready"
+    run.signal(signal.SIGTERM)
+    assert run.finish()[0] == -signal.SIGTERM
+
+
+@pytest.mark.parametrize("args, status", [
+    (["5", "sh", "-c", "exit 4"], 4), (["0.2", "sleep", "30"], 124),
+    (["-k", "0.2", "0.2", "sh", "-c", "trap '' TERM; sleep 30"], 137),
+])
+def test_inherited_sigchld_ignored_changes_nothing(args: list[str], status: int) -> None:
+    """`trap '' CHLD` before exec (SIGCHLD ignored, inherited) changes no status."""
+    p = subprocess.run(["sh", "-c", f"trap '' CHLD; exec {shlex.join([*CLI, *args])}"],
+                       capture_output=True, timeout=60, env=env_c(), check=False)
+    assert p.returncode == status, p.stderr
+
+
+# --- stdio --------------------------------------------------------------------------
+
+
+def test_closed_stdout() -> None:
+    """With our stdout closed: no traceback, the command's status, and its own fd 1 closed."""
+    probe = "import os, sys\ntry:\n    os.fstat(1)\nexcept OSError:\n    sys.exit(9)\n"
+    for args, status in ((["5", "sh", "-c", "echo hi; exit 3"], 3),
+                         (["5", PY, "-c", probe], 9), (["0.2", "sleep", "30"], 124)):
+        p = tcli(*args, stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(1))
+        assert p.returncode == status and b"Traceback" not in p.stderr, args
+
+
+def test_closed_stdout_for_our_own_output() -> None:
+    """--help, --version and --json to a closed stdout: coreutils' write error, 125."""
+    for args in (["--help"], ["--version"], ["--json", "5", "true"]):
+        p = tcli(*args, stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(1))
+        assert p.returncode == 125, args
+        assert p.stderr == b"timeout: write error: Bad file descriptor\n", args
+    if GNU is not None:
+        p = subprocess.run([GNU, "--help"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           preexec_fn=lambda: os.close(1), timeout=60, check=False)
+        assert p.returncode == 125
+
+
+def test_closed_stdin_and_stderr_are_passed_on_closed() -> None:
+    """A closed fd 0 or 2 of ours is closed in the command too, never one of our own fds."""
+    probe = ("import os, sys\nfor fd in (0, 2):\n    try:\n        os.fstat(fd)\n"
+             "    except OSError:\n        print('closed', fd)\n")
+    p = tcli("5", PY, "-c", probe, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0))
+    assert p.stdout == b"closed 0\n"
+    p = tcli("5", PY, "-c", probe, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.close(2))
+    assert p.stdout == b"closed 2\n"
+
+
+def test_yes_into_head_returns_at_once() -> None:
+    """`timeout 60 yes | head -1`: our stdout's reader leaves, yes dies, and so do we (SIGPIPE)."""
+    started = time.monotonic()
+    p = subprocess.run(["bash", "-c", f"set -o pipefail; {shlex.join(CLI)} 60 yes | head -1"],
+                       capture_output=True, timeout=60, env=env_c(), check=False)
+    assert p.stdout == b"y\n" and p.returncode == 128 + signal.SIGPIPE
+    assert time.monotonic() - started < 20 and b"Traceback" not in p.stderr
+
+
+def test_stdin_and_output_are_live() -> None:
+    """stdin, stdout and stderr are ours: read as it comes, written as it goes, uncapped."""
+    proc = subprocess.Popen([*CLI, "30", "sh", "-c", "read x; echo got:$x; cat >&2"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env_c())
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(b"one\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"got:one\n"
+        out, err = proc.communicate(b"x" * (20 << 20), timeout=60)
+        assert proc.returncode == 0 and len(err) == 20 << 20
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_json_prints_the_result() -> None:
+    """--json prints the Result after the command's output, with timed_out and our status."""
+    p = tcli("--json", "5", "sh", "-c", "echo out; exit 3")
+    head, _, tail = p.stdout.partition(b"\n")
+    data = json.loads(tail)
+    assert head == b"out" and p.returncode == 3
+    assert data["exit_code"] == 3 and data["timed_out"] is False and data["stdout"] == ""
+    p = tcli("--json", "0.2", "sleep", "30")
+    data = json.loads(p.stdout)
+    assert p.returncode == 124 and data["timed_out"] is True and data["exit_code"] == 124
+    assert data["term_signal"] == signal.SIGTERM and data["args"] == ["sleep", "30"]
+
+
+# --- the whole run is killed at the end ------------------------------------------------
+
+ESCAPE = "setsid sleep 60 </dev/null >/dev/null 2>&1 & echo $!; sleep 0.2"
+
+
+def test_setsid_escapee_is_killed_at_the_end(reaper: list[int]) -> None:
+    """A process that left the group with setsid is killed when the command ends (contained)."""
+    p = tcli("5", "sh", "-c", ESCAPE)
+    escapee = pids_in(p.stdout)
+    reaper.extend(escapee)
+    assert p.returncode == 0 and len(escapee) == 1
+    assert wait_dead(escapee) == []
+
+
+def test_no_contain_leaves_the_escapee(reaper: list[int]) -> None:
+    """--no-contain is coreutils' reach: the setsid escapee outlives the run."""
+    p = tcli("--no-contain", "5", "sh", "-c", ESCAPE)
+    escapee = pids_in(p.stdout)
+    reaper.extend(escapee)
+    assert p.returncode == 0 and len(escapee) == 1 and alive(escapee[0])
+
+
+def test_background_job_of_the_command_is_killed_at_the_end(reaper: list[int]) -> None:
+    """`sh -c 'sleep 60 & exit 0'`: the background sleep dies with the run, at once."""
+    started = time.monotonic()
+    p = tcli("60", "sh", "-c", "sleep 60 >/dev/null & echo $!")
+    left = pids_in(p.stdout)
+    reaper.extend(left)
+    assert p.returncode == 0 and wait_dead(left) == [] and time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize("contain", [True, False], ids=["contained", "no-contain"])
+def test_foreground_signals_the_command_alone(contain: bool, reaper: list[int]) -> None:
+    """--foreground: the deadline's signal goes to the command only, not its children."""
+    args = ["--foreground", *([] if contain else ["--no-contain"]), "0.3", "sh", "-c",
+            "sleep 60 >/dev/null 2>&1 & echo $!; wait"]
+    p = tcli(*args)
+    child = pids_in(p.stdout)
+    reaper.extend(child)
+    assert p.returncode == 124 and len(child) == 1
+    # Contained, what the command left behind is killed at its end (beyond coreutils).
+    assert (wait_dead(child) == []) if contain else alive(child[0])
+
+
+# --- a terminal ---------------------------------------------------------------------
+
+
+class Terminal:
+    """A program on a new pty: what it writes is read back; closed with all its session."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str]) -> None:
+        pid, fd = pty.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                os.execvpe(argv[0], list(argv), env)
+            finally:
+                os._exit(127)
+        self.pid, self.fd, self.out = pid, fd, b""
+        self.status: int | None = None
+
+    def send(self, data: bytes) -> None:
+        os.write(self.fd, data)
+
+    def _read(self, timeout: float) -> bool:
+        ready, _, _ = select.select([self.fd], [], [], max(timeout, 0))
+        if not ready:
+            return True
+        try:
+            data = os.read(self.fd, 65536)
+        except OSError:  # EIO: every writer is gone
+            data = b""
+        self.out += data
+        return bool(data)
+
+    def expect(self, pattern: bytes, within: float = 30) -> float:
+        """Wait (bounded) until pattern was written; returns when (monotonic)."""
+        deadline = time.monotonic() + within
+        while re.search(pattern, self.out) is None:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{pattern!r} not seen in {self.out!r}"
+            assert self._read(left), f"EOF before {pattern!r}: {self.out!r}"
+        return time.monotonic()
+
+    def wait(self, within: float = 30) -> int:
+        deadline = time.monotonic() + within
+        while self.status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = status
+                break
+            assert time.monotonic() < deadline, f"still running: {self.out!r}"
+            self._read(0.05)
+        return self.status
+
+    def close(self) -> None:
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if os.getsid(proc.info["pid"]) == self.pid:
+                    os.kill(proc.info["pid"], signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+        if self.status is None:
+            os.waitpid(self.pid, 0)
+        os.close(self.fd)
+
+
+@pytest.fixture
+def terminal() -> Iterator[Callable[..., Terminal]]:
+    """Open programs on ptys; each is killed, with its session, after the test."""
+    opened: list[Terminal] = []
+
+    def open_(*argv: str, env: dict[str, str] | None = None) -> Terminal:
+        t = Terminal(argv, env or env_c(TERM="dumb"))
+        opened.append(t)
+        return t
+
+    yield open_
+    for t in opened:
+        t.close()
+
+
+def shell(terminal: Callable[..., Terminal]) -> Terminal:
+    """An interactive bash with job control, at its prompt."""
+    t = terminal("bash", "--norc", "--noprofile", "--noediting", "-i",
+                 env=env_c(TERM="dumb", PS1="PROMPT> "))
+    t.expect(b"PROMPT> ")
+    return t
+
+
+def test_foreground_command_uses_the_terminal(terminal: Callable[..., Terminal]) -> None:
+    """--foreground: the command opens /dev/tty and reads what is typed there."""
+    t = terminal(*CLI, "--foreground", "30", "sh", "-c", "read x </dev/tty; echo got:$x")
+    t.send(b"hello\n")
+    t.expect(b"got:hello")
+    assert os.waitstatus_to_exitcode(t.wait()) == 0
+
+
+def test_without_foreground_the_command_has_no_terminal(terminal: Callable[..., Terminal]) -> None:
+    """Without --foreground the command leads its own session: no /dev/tty (README)."""
+    t = terminal(*CLI, "30", "sh", "-c", "(: </dev/tty) 2>/dev/null || echo no-tty")
+    t.expect(b"no-tty")
+    t.wait()
+
+
+def test_foreground_ctrl_c(terminal: Callable[..., Terminal]) -> None:
+    """--foreground: Ctrl-C reaches the command from the terminal; we end by SIGINT."""
+    t = terminal(*CLI, "--foreground", "30", "sh", "-c", "echo ready; exec sleep 30")
+    t.expect(b"ready")
+    t.send(b"\x03")
+    status = t.wait()
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT
+
+
+def test_ctrl_c_stops_a_shell_loop(terminal: Callable[..., Terminal]) -> None:
+    """Ctrl-C in a job-control shell ends the command and the loop around it, as coreutils."""
+    t = shell(terminal)
+    t.send(f"for i in 1 2 3; do {shlex.join(CLI)} 30 sh -c \"echo ready-$i; exec sleep 30\"; "
+           "echo iter-$i; done\n".encode())
+    t.expect(b"ready-1")
+    t.send(b"\x03")
+    t.expect(b"PROMPT> ", within=20)
+    t.send(b"echo AFTER-$?\n")
+    t.expect(b"AFTER-130")
+    assert b"iter-1" not in t.out and b"ready-2" not in t.out
+
+
+def test_ctrl_z_stops_the_command_and_the_deadline_keeps_wall_time(
+        terminal: Callable[..., Terminal], tmp_path: Path) -> None:
+    """Ctrl-Z stops the command and us; fg continues both; the deadline counts wall time."""
+    ticks = tmp_path / "ticks"
+    t = shell(terminal)
+    began = time.monotonic()
+    t.send(f"{shlex.join(CLI)} 4 sh -c 'while :; do echo tick >> {ticks}; sleep 0.05; done'"
+           "\n".encode())
+    deadline = time.monotonic() + 20
+    while (not ticks.exists() or ticks.read_text().count("tick") < 3):
+        assert time.monotonic() < deadline, t.out
+        time.sleep(0.02)
+    t.send(b"\x1a")
+    t.expect(b"Stopped")
+    time.sleep(0.3)  # a tick under way lands
+    stopped_at = ticks.read_text().count("tick")
+    time.sleep(2.0)
+    assert ticks.read_text().count("tick") == stopped_at  # the command is stopped too
+    t.send(b"fg\n")
+    t.expect(rb"PROMPT> fg\r\n(?s:.*)PROMPT> ", within=30)  # the prompt after fg, once the job is over
+    ended = time.monotonic()
+    t.send(b"echo RC-$?\n")
+    t.expect(b"RC-124")
+    assert ticks.read_text().count("tick") > stopped_at  # it ran again after fg
+    # 4 s of wall time, 2.3 of them stopped: a deadline that paused would end after 6.3 s.
+    assert ended - began < 6.0
+
+
+def test_no_process_left_behind_by_this_file() -> None:
+    """After the tests above, no command of theirs is still running."""
+    mine = [p for p in psutil.process_iter(["cmdline"])
+            if "boundedproc.timeout" in " ".join(p.info["cmdline"] or [])]
+    assert wait_dead([p.pid for p in mine], within=10) == []
