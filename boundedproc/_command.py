@@ -87,16 +87,33 @@ def env_items(env: Mapping[str, str | None] | None) -> list[tuple[bytes, bytes |
     return items
 
 
+def environ_snapshot() -> dict[bytes, bytes]:
+    """``os.environb`` as it is at one instant, while other threads may edit it.
+
+    ``dict(os.environb)`` walks the keys and looks each up through Python code,
+    so a key deleted meanwhile raises ``KeyError``; the mapping's own dict is
+    copied in one C call instead (under the GIL, nothing runs in between).
+    """
+    data = getattr(os.environb, "_data", None)
+    if type(data) is dict:
+        return data.copy()
+    while True:  # another Python's os module: retry the walk until it is not disturbed
+        try:
+            return dict(os.environb)
+        except (KeyError, RuntimeError):
+            continue
+
+
 def environment(items: Sequence[tuple[bytes, bytes | None]],
                 mode: str) -> tuple[list[bytes], bytes | None] | NotSpawned:
     """The child's whole environment (``KEY=VALUE`` entries) and its ``PATH``.
 
     It is always a snapshot the core owns: the caller's live ``environ`` is
     never handed to the child, since another thread may be editing it (Python
-    reallocates the array under ``os.environ[...] = ...``).  ``os.environb`` is
-    copied whole in one step under the GIL.
+    reallocates the array under ``os.environ[...] = ...``).  The copy of
+    ``os.environb`` is taken whole in one step (see ``environ_snapshot``).
     """
-    merged: dict[bytes, bytes] = dict(os.environb) if mode == "merge" else {}
+    merged: dict[bytes, bytes] = environ_snapshot() if mode == "merge" else {}
     for kb, vb in items:
         if not kb or b"=" in kb or b"\0" in kb:
             return NotSpawned(f"environment variable name {text_arg(kb)!r} is empty or "

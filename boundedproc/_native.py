@@ -212,6 +212,15 @@ def _refuse(stage: int, err: int) -> None:
     warnings.warn(f"boundedproc: containment is off: {_REFUSAL}", RuntimeWarning, stacklevel=4)
 
 
+def _supervisor_environment() -> tuple[Any, list[Any]]:
+    """The caller's environment as of now, as a ``char *[]`` for the supervisor's exec,
+    and the strings it points to (to be kept alive until the exec is done)."""
+    from boundedproc._command import environ_snapshot
+
+    keep: list[Any] = []
+    return _cstrings([k + b"=" + v for k, v in environ_snapshot().items()], keep), keep
+
+
 def _acquire(explicit: bool) -> _Supervisor | _StartFailure | None:
     """An idle supervisor of this thread, or a new one.
 
@@ -229,12 +238,13 @@ def _acquire(explicit: bool) -> _Supervisor | _StartFailure | None:
         sup.free()
     out = ffi.new("struct bp_sup **")
     stage = ffi.new("int *")
-    if lib.bp_sup_start(SUPERVISOR_PATH.encode(), out, stage) < 0:
+    envp, _entries = _supervisor_environment()
+    if lib.bp_sup_start(SUPERVISOR_PATH.encode(), envp, out, stage) < 0:
         err = ffi.errno
-        if err in _SYSTEMIC and stage[0] != lib.BP_STAGE_FORK and stage[0] != lib.BP_STAGE_PIPE:
-            if not explicit:
-                _refuse(stage[0], err)
-                return None
+        systemic = err in _SYSTEMIC and stage[0] not in (lib.BP_STAGE_FORK, lib.BP_STAGE_PIPE)
+        if systemic and not explicit:
+            _refuse(stage[0], err)
+            return None
         return _StartFailure(stage[0], err)
     sup = _Supervisor(out[0])
     _every.add(sup)
@@ -547,6 +557,11 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
 
     res = ffi.new("struct bp_result *")
     handle = ffi.new("struct bp_run **")
+    if threading.current_thread() is threading.main_thread():
+        try:
+            _get_wake_pipe()  # made once; out of fds is this run's spawn failure
+        except OSError as e:
+            return _spawn_failure(_StartFailure(lib.BP_STAGE_PIPE, e.errno or _errno.EMFILE))
     sup: _Supervisor | None = None
     if spec.contain:
         got = _acquire(spec.contain_explicit)

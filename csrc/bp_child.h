@@ -89,6 +89,12 @@ static inline int bp_child_rlimit_resource(int index)
 static inline int bp_child_set_ids(const struct bp_child_args *a, int *stage)
 {
 #ifdef __linux__
+    /* Becoming who we already are (a caller that is not root naming its own user) changes
+     * nothing, and its groups stay as they are: setgroups() would need a privilege. */
+    int same_uid = a->uid < 0 || ((uid_t)a->uid == getuid() && (uid_t)a->uid == geteuid());
+    int same_gid = a->gid < 0 || ((gid_t)a->gid == getgid() && (gid_t)a->gid == getegid());
+    if (same_uid && same_gid)
+        return 0;
     if (a->ngroups >= 0) {
         *stage = BP_STAGE_SETGROUPS;
         if (syscall(SYS_setgroups, (size_t)a->ngroups, a->groups) < 0)

@@ -88,6 +88,7 @@ struct bp_run {
     int reaped;
     int leader_exited;      /* exit observed (pidfd or watcher), not yet reaped */
     int exit_fd;            /* pidfd, or the watcher thread's pipe; -1: none */
+    int spawn_pidfd;        /* the pidfd clone() gave an uncontained leader, until watched */
     int watch_pipe_w;       /* watcher thread's write end, -1 with pidfd */
     pthread_t watcher;
     int watcher_started;
@@ -137,6 +138,7 @@ void bp__close_fd(int *fd);
 
 /* kill.c */
 void bp__signal_group(struct bp_run *run, int sig);
+void bp__record_unknown_status(struct bp_result *res);
 int bp__reap(struct bp_run *run);
 void bp__finish_result(struct bp_run *run);
 void bp__record_status(struct bp_result *res, int status);

@@ -18,6 +18,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -53,6 +54,62 @@ static double tv_seconds(struct timeval tv)
     return (double)tv.tv_sec + (double)tv.tv_usec / 1e6;
 }
 
+/* The leader's status is lost (its supervisor failed, or someone else reaped
+ * it): the run reports what a kill would, never 0 (SPEC 9.2). */
+void bp__record_unknown_status(struct bp_result *res)
+{
+    if (res->raw_exit_code < 0) {
+        res->exit_code = 128 + SIGKILL;
+        res->term_signal = SIGKILL;
+    }
+}
+
+/*
+ * The leader's wait status from its pidfd after someone else reaped it
+ * (Linux 6.15's PIDFD_INFO_EXIT; the headers may predate it).  Returns 1
+ * with *status set, or 0 where the kernel cannot tell.
+ */
+#if defined(__linux__)
+#include <sys/ioctl.h>
+struct bp_pidfd_info {          /* struct pidfd_info, its first version (64 bytes) */
+    uint64_t mask;
+    uint64_t cgroupid;
+    uint32_t ids[11];           /* pid, tgid, ppid, then the credentials */
+    int32_t exit_code;
+};
+#define BP_PIDFD_INFO_EXIT (1ULL << 3)
+#define BP_PIDFD_GET_INFO _IOWR(0xFF, 11, struct bp_pidfd_info)
+#endif
+
+static int exit_status_from_pidfd(const struct bp_run *run, int *status)
+{
+#if defined(__linux__)
+    if (run->res->exit_watch != BP_WATCH_PIDFD || run->exit_fd < 0)
+        return 0;
+    /* The kernel records the exit in the pidfd as it releases the task, a moment after
+     * the pidfd turned readable and wait4 stopped seeing it: ask again, briefly. */
+    for (int i = 0; i < 400; i++) {
+        struct bp_pidfd_info info;
+        memset(&info, 0, sizeof info);
+        info.mask = BP_PIDFD_INFO_EXIT;
+        if (ioctl(run->exit_fd, BP_PIDFD_GET_INFO, &info) != 0) {
+            if (errno != ESRCH)
+                return 0;  /* ENOTTY, EINVAL: a kernel without PIDFD_GET_INFO */
+        } else if (info.mask & BP_PIDFD_INFO_EXIT) {
+            *status = info.exit_code;
+            return 1;
+        }  /* no exit yet, or a kernel before 6.15 that never has one: at most 0.1 s */
+        struct timespec ts = {0, 250000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+#else
+    (void)run;
+    (void)status;
+    return 0;
+#endif
+}
+
 /*
  * Reap the leader (blocking) and record its status and resource use.
  * Returns 0, or -1 with errno set if wait4 failed for a reason other than
@@ -77,11 +134,18 @@ int bp__reap(struct bp_run *run)
         r = wait4(run->pid, &status, 0, &ru);
     } while (r < 0 && errno == EINTR);
     run->reaped = 1;
+    struct bp_result *res = run->res;
+    if (r < 0 && errno == ECHILD && exit_status_from_pidfd(run, &status)) {
+        /* Reaped by the kernel (the caller ignores SIGCHLD) or by a handler of the caller's
+         * (waitpid(-1)): the status came from the pidfd; the resource use is lost. */
+        r = run->pid;
+        memset(&ru, 0, sizeof ru);
+    }
     bp__close_fd(&run->exit_fd);
     bp__close_fd(&run->watch_pipe_w);
-    struct bp_result *res = run->res;
     if (r < 0) {
         int e = errno;
+        bp__record_unknown_status(res);
         if (res->err_stage == BP_STAGE_NONE) {
             res->err_stage = BP_STAGE_WAIT;
             res->err_errno = e;

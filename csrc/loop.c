@@ -133,12 +133,40 @@ static void finish(struct bp_run *run)
 
 /* ---- I/O ---------------------------------------------------------------- */
 
+/*
+ * write(2) to a pipe whose reader left raises SIGPIPE in the writing thread,
+ * and a caller may have SIGPIPE at its default (a CLI that restores it): the
+ * write is made with SIGPIPE blocked in this thread, and a SIGPIPE it raised
+ * (one that was not pending before) is taken back before the mask returns, so
+ * the caller sees neither a death nor a stray signal; EPIPE remains.
+ */
+static ssize_t write_nosigpipe(int fd, const void *buf, size_t len)
+{
+    sigset_t pipe_only, old, pending;
+    sigemptyset(&pipe_only);
+    sigaddset(&pipe_only, SIGPIPE);
+    sigemptyset(&pending);
+    (void)sigpending(&pending);
+    int was_pending = sigismember(&pending, SIGPIPE) == 1;
+    (void)pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+    ssize_t n = write(fd, buf, len);
+    int err = errno;
+    if (n < 0 && err == EPIPE && !was_pending) {
+        static const struct timespec zero = {0, 0};
+        while (sigtimedwait(&pipe_only, NULL, &zero) < 0 && errno == EINTR)
+            ;
+    }
+    (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
+    errno = err;
+    return n;
+}
+
 static void write_stdin(struct bp_run *run)
 {
     const struct bp_spec *spec = run->spec;
     while (run->stdin_fd >= 0 && run->stdin_off < spec->stdin_len) {
         size_t left = spec->stdin_len - run->stdin_off;
-        ssize_t n = write(run->stdin_fd, spec->stdin_data + run->stdin_off, left);
+        ssize_t n = write_nosigpipe(run->stdin_fd, spec->stdin_data + run->stdin_off, left);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -163,6 +191,9 @@ static void *watcher_main(void *p)
 {
     struct bp_run *run = p;
     siginfo_t info;
+    sigset_t all;
+    sigfillset(&all);
+    (void)pthread_sigmask(SIG_BLOCK, &all, NULL);  /* no signal of the caller's lands here */
     /* WNOWAIT: learn of the exit without reaping, so the leader stays a
      * zombie and the group id stays ours until bp__reap(). */
     while (waitid(P_PID, (id_t)run->pid, &info, WEXITED | WNOWAIT) < 0 && errno == EINTR)
@@ -181,6 +212,13 @@ static int start_exit_watch(struct bp_run *run)
         run->res->exit_watch = BP_WATCH_SUPERVISOR;  /* its socket is exit_fd */
         return 0;
     }
+    if (run->spawn_pidfd >= 0 && (mode == BP_WATCH_AUTO || mode == BP_WATCH_PIDFD)) {
+        run->exit_fd = run->spawn_pidfd;  /* made with the child: see spawn.c */
+        run->spawn_pidfd = -1;
+        run->res->exit_watch = BP_WATCH_PIDFD;
+        return 0;
+    }
+    bp__close_fd(&run->spawn_pidfd);
 #if defined(__linux__) && defined(SYS_pidfd_open)
     if (mode == BP_WATCH_AUTO || mode == BP_WATCH_PIDFD) {
         int fd = pidfd_open_(run->pid);
@@ -258,7 +296,7 @@ int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_sup *s
     run->spec = spec;
     run->sup = sup;
     run->bound_end_ns = -1;
-    run->exit_fd = run->watch_pipe_w = run->stdin_fd = run->ctl_fd = -1;
+    run->exit_fd = run->watch_pipe_w = run->stdin_fd = run->ctl_fd = run->spawn_pidfd = -1;
     run->out.fd = run->err.fd = -1;
     run->deadline_ns = -1;
     res->stdin_delivered = spec->stdin_len == 0;

@@ -1,9 +1,9 @@
 /*
  * spawn.c: give the child its stdio and start it.
  *
- * An uncontained run is started here, with vfork: the parent's address space
- * is never copied (vfork lends it to the child until execve() or _exit()), so
- * the cost of a spawn does not grow with the caller's memory.  A contained
+ * An uncontained run is started here, vfork-style: the parent's address
+ * space is never copied (it is lent to the child until execve() or _exit()),
+ * so the cost of a spawn does not grow with the caller's memory.  A contained
  * run is handed to the run's supervisor (sup.c), which starts the command
  * with the same pre-exec steps (bp_child.h).
  */
@@ -11,8 +11,10 @@
 #include "bp_child.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -81,11 +83,83 @@ static int set_nonblock(int fd)
     return fcntl(fd, F_SETFL, O_NONBLOCK);
 }
 
+#ifdef __linux__
+/*
+ * On Linux the child is started with clone(CLONE_VM | CLONE_VFORK |
+ * CLONE_PIDFD) on a stack of its own: vfork()'s semantics, plus the child's
+ * pidfd, made before the child can run.  Its exit status can then be read
+ * from the pidfd (PIDFD_INFO_EXIT, kill.c) even when the kernel reaped it at
+ * once (the caller ignores SIGCHLD) or a SIGCHLD handler of the caller's took
+ * it with waitpid(-1); a pidfd_open() after vfork() comes too late for a
+ * command that exits at once.  A kernel before 5.2 refuses CLONE_PIDFD with
+ * EINVAL: it is asked again without, as when the caller's stdio is closed.
+ */
+#define CHILD_STACK_SIZE (64 * 1024)
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x00001000  /* Linux 5.2; C library headers may predate it */
+#endif
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BP_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define BP_ASAN 1
+#endif
+#ifdef BP_ASAN
+void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
+#endif
+
+static int child_entry(void *a)
+{
+    bp_child_main(a);
+}
+
+__attribute__((noinline)) static pid_t spawn_child(const struct bp_child_args *a, int *err,
+                                                   int *pidfd)
+{
+    *pidfd = -1;
+    void *stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED) {
+        *err = errno;
+        return -1;
+    }
+    char *top = (char *)stack + CHILD_STACK_SIZE;
+    int flags = CLONE_VM | CLONE_VFORK | SIGCHLD;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    /* The pidfd takes the lowest free fd, reserved in the table the child copies: with
+     * one of 0..2 closed in the caller, the child's dup2() onto it would fail (EBUSY). */
+    int stdio_open = fcntl(0, F_GETFD) >= 0 && fcntl(1, F_GETFD) >= 0 && fcntl(2, F_GETFD) >= 0;
+    pid_t pid = -1;
+    errno = EINVAL;
+    if (stdio_open)
+        pid = clone(child_entry, top, flags | CLONE_PIDFD, (void *)a, pidfd);
+    if (pid < 0 && errno == EINVAL) {
+        *pidfd = -1;
+        pid = clone(child_entry, top, flags, (void *)a);
+    }
+    *err = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+#ifdef BP_ASAN
+    __asan_unpoison_memory_region(stack, CHILD_STACK_SIZE);  /* the child's redzones */
+#endif
+    (void)munmap(stack, CHILD_STACK_SIZE);
+    if (pid < 0)
+        *pidfd = -1;
+    return pid;
+}
+#else
 /* vfork with every signal blocked, so that no handler of the caller runs in
  * the borrowed address space; the child empties its mask before exec.  Kept
  * in a frame of its own so no caller variable is live across vfork(). */
-__attribute__((noinline)) static pid_t spawn_child(const struct bp_child_args *a, int *err)
+__attribute__((noinline)) static pid_t spawn_child(const struct bp_child_args *a, int *err,
+                                                   int *pidfd)
 {
+    *pidfd = -1;
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -96,6 +170,7 @@ __attribute__((noinline)) static pid_t spawn_child(const struct bp_child_args *a
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return pid;
 }
+#endif
 
 void bp__spawn_failed(struct bp_run *run, int stage, int err)
 {
@@ -175,8 +250,8 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
     a.ngroups = spec->ngroups;
     a.parent = getpid();
     a.hello_fd = -1;
-    int fork_errno = 0;
-    pid_t pid = spawn_child(&a, &fork_errno);
+    int fork_errno = 0, pidfd = -1;
+    pid_t pid = spawn_child(&a, &fork_errno, &pidfd);
     bp__close_fd(&ep[1]);
     if (pid < 0) {
         bp__close_fd(&ep[0]);
@@ -191,6 +266,7 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
     } while (n < 0 && errno == EINTR);
     bp__close_fd(&ep[0]);
     if (n != 0) {
+        bp__close_fd(&pidfd);
         int status;
         while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
             ;
@@ -198,6 +274,7 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
         *err = n == (ssize_t)sizeof ce ? ce.err : EIO;
         return -1;
     }
+    run->spawn_pidfd = pidfd;
     return pid;
 }
 

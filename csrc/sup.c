@@ -119,13 +119,15 @@ static int reap_sup(struct bp_sup *sup, int ms, int kill_first)
 }
 
 /*
- * bp_sup_start: start a supervisor from the program at path.
+ * bp_sup_start: start a supervisor from the program at path, with envp as
+ * its environment (a snapshot of the caller's: the live environ may be
+ * reallocated by another thread while the vfork child reads it).
  * Returns 0 with *out set; or -1 with errno set, *out NULL and *stage the
  * BP_STAGE_* that failed: BP_STAGE_PIPE/FORK (resources: EMFILE, EAGAIN,
  * ENOMEM), BP_STAGE_EXEC (the program is missing or cannot run),
  * BP_STAGE_SUPERVISOR/PRCTL (the system refused it: signalfd, subreaper).
  */
-int bp_sup_start(const char *path, struct bp_sup **out, int *stage)
+int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *stage)
 {
     *out = NULL;
     struct bp_sup *sup = calloc(1, sizeof *sup);
@@ -164,14 +166,17 @@ int bp_sup_start(const char *path, struct bp_sup **out, int *stage)
     if (pid == 0) {
         /* Its socket as fd 3 (dup2 clears close-on-exec), nothing else of
          * ours: every other fd is marked close-on-exec. */
-        if (dup2(child_sock, BP_SUP_FD) < 0)
+        int kept = child_sock == BP_SUP_FD
+                       ? fcntl(child_sock, F_SETFD, 0)  /* dup2 onto itself keeps CLOEXEC */
+                       : dup2(child_sock, BP_SUP_FD);
+        if (kept < 0)
             goto child_fail;
         if (syscall(SYS_close_range, BP_SUP_FD + 1, ~0U, 4U) != 0) { /* CLOSE_RANGE_CLOEXEC */
             for (int fd = BP_SUP_FD + 1; fd < 65536; fd++)
                 (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
         }
         (void)fcntl(errw, F_SETFD, FD_CLOEXEC);
-        execve(path, argv, environ);
+        execve(path, argv, envp);
 child_fail: {
             int e[2] = {BP_STAGE_EXEC, errno};
             (void)!write(errw, e, sizeof e);
@@ -575,15 +580,6 @@ void bp__sup_event(struct bp_run *run)
     sup_failed(run, BP_RUNNER_DIED);
 }
 
-static void record_failed(struct bp_run *run)
-{
-    struct bp_result *res = run->res;
-    if (res->raw_exit_code < 0) {
-        res->exit_code = 128 + SIGKILL;
-        res->term_signal = SIGKILL;
-    }
-}
-
 /*
  * bp__sup_reap: end a contained run: have the supervisor kill everything and
  * reap the leader, and read its FINAL report; bounded by the run's budget
@@ -645,15 +641,16 @@ int bp__sup_reap(struct bp_run *run)
     sup->broken = 1;
     res->runner_status = reap_sup(sup, 100, 1);
     (void)kill(run->spec->new_session ? -run->pid : run->pid, SIGKILL);
-    record_failed(run);
+    bp__record_unknown_status(run->res);
     return 0;
 }
 
 #else /* no supervisor on this system */
 
-int bp_sup_start(const char *path, struct bp_sup **out, int *stage)
+int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *stage)
 {
     (void)path;
+    (void)envp;
     *out = NULL;
     *stage = BP_STAGE_SUPERVISOR;
     errno = ENOSYS;

@@ -622,6 +622,19 @@ int main(int argc, char **argv)
     s.self = getpid();
     s.caller = argc > 1 ? (pid_t)atol(argv[1]) : getppid();
 
+    /* The caller may run with 0, 1 or 2 closed, and we inherit that: fill them with
+     * /dev/null, so that every fd we make or receive lies above the child's stdio and
+     * no dup2() onto 0..2 in a child can clobber another of its sources. */
+    for (int fd = 0; fd < 3; fd++) {
+        if (fcntl(fd, F_GETFD) < 0) {
+            int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+            if (null >= 0 && null != fd) {
+                close(null);  /* not the lowest free fd: nothing to fill */
+                break;
+            }
+        }
+    }
+
     /* A clean signal state whatever we inherited: every disposition default
      * (an inherited SIG_IGN for SIGCHLD would have the kernel reap our
      * children), every signal blocked; SIGCHLD and SIGHUP come through a

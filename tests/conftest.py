@@ -93,14 +93,14 @@ def as_nobody(code: str, cwd: str = "/") -> dict[str, object]:
         pytest.skip("no 'nobody' user")
     probe = subprocess.run(
         [sys.executable, "-c",
-         f"import os; os.setgroups([]); os.setgid({nobody.pw_gid}); os.setuid({nobody.pw_uid});"
-         f"os._exit(0 if os.access({_native.SUPERVISOR_PATH!r}, os.X_OK) else 1)"],
+         (f"import os; os.setgroups([]); os.setgid({nobody.pw_gid}); os.setuid({nobody.pw_uid});"
+          f"os._exit(0 if os.access({_native.SUPERVISOR_PATH!r}, os.X_OK) else 1)")],
         check=False)
     if probe.returncode != 0:
         pytest.skip(f"nobody cannot execute {_native.SUPERVISOR_PATH} (a directory above it "
                     "is closed to others)")
     prog = (
-        "import json, os, sys\n"
+        "import json, os, resource, sys\n"  # imported while the interpreter's files are ours
         "import boundedproc\n"
         f"os.setgroups([]); os.setgid({nobody.pw_gid}); os.setuid({nobody.pw_uid})\n"
         f"{code}\n"

@@ -192,6 +192,22 @@ def test_non_root_caller_cannot_become_another_user(contain: bool) -> None:
 
 
 @needs_root
+@CONTAIN
+def test_non_root_caller_naming_itself(contain: bool) -> None:
+    """A caller that is not root naming its own user (and group) runs the command as itself:
+    nothing to change, so no setgroups() that would need a privilege."""
+    assert NOBODY is not None
+    out = as_nobody(
+        f"a = boundedproc.run(['id', '-u'], user='nobody', contain={contain}, timeout=10)\n"
+        f"b = boundedproc.run(['id', '-g'], user={NOBODY.pw_uid}, group={NOBODY.pw_gid},\n"
+        f"                    contain={contain}, timeout=10)\n"
+        "out = dict(a=[a.exit_code, a.stdout.decode(), a.runner_error],\n"
+        "           b=[b.exit_code, b.stdout.decode(), b.runner_error])"
+    )
+    assert out == {"a": [0, f"{NOBODY.pw_uid}\n", None], "b": [0, f"{NOBODY.pw_gid}\n", None]}
+
+
+@needs_root
 def test_user_makes_max_processes_hold_as_root() -> None:
     """A fork bomb under user= and Limits(max_processes=64) peaks near 64 processes, as root."""
     assert NOBODY is not None

@@ -1,0 +1,437 @@
+"""SPEC 9.1: the same Result whatever state the calling process is in.
+
+Each case changes the state of a fresh Python (a signal disposition, a mask, a
+stack size, a limit, closed stdio, PID 1) and then runs commands through both
+the contained and the uncontained path; the results must be what they are in a
+clean process.  The README's "What the runner assumes" lists the cases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+from conftest import as_nobody, importable_env, pids_in, wait_dead
+
+from boundedproc import Limits, run
+
+MODES = pytest.mark.parametrize("contain", [True, False], ids=["contained", "uncontained"])
+
+# Runs in the child: `report(contain)` runs a fixed set of commands and returns their
+# observable fields, to compare with what a clean process gets.
+PRELUDE = """
+import json, os, signal, sys, threading, time
+from boundedproc import run
+
+def fields(r):
+    return [r.exit_code, r.term_signal, r.timed_out, r.spawned, r.stdout.decode(),
+            r.stderr.decode(), r.runner_error, r.output_truncated, r.escaped]
+
+def report(contain):
+    return [
+        fields(run(["sh", "-c", "exit 3"], timeout=20, contain=contain)),
+        fields(run(["sh", "-c", "echo out; echo err >&2"], timeout=20, contain=contain)),
+        fields(run(["sh", "-c", "kill -TERM $$"], timeout=20, contain=contain)),
+        fields(run(["sleep", "30"], timeout=0.2, contain=contain)),
+        fields(run(["sh", "-c", "sleep 0.05 & wait; exit 5"], timeout=20, contain=contain)),
+        fields(run(["cat"], stdin=b"in" * 1000, timeout=20, contain=contain)),
+        fields(run(["no-such-program-bp"], timeout=20, contain=contain)),
+    ]
+"""
+
+
+def child(code: str, *, wrapper: list[str] | None = None, timeout: float = 120.0,
+          **kw: object) -> object:
+    """Run PRELUDE + code in a fresh Python; the code prints one JSON value last."""
+    script = PRELUDE + textwrap.dedent(code)
+    argv = [*(wrapper or []), sys.executable, "-c", script]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                          env=importable_env(), check=False, **kw)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def clean() -> dict[bool, object]:
+    """What a process in a clean state gets, for each mode."""
+    return {contain: child(f"print(json.dumps(report({contain})))") for contain in (True, False)}
+
+
+@MODES
+@pytest.mark.parametrize("setup", [
+    "signal.signal(signal.SIGCHLD, signal.SIG_IGN)",
+    "signal.signal(signal.SIGCHLD, lambda *a: None)",
+    "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})",
+    "signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.valid_signals()))",
+    "signal.signal(signal.SIGPIPE, signal.SIG_DFL)",
+    "signal.signal(signal.SIGALRM, signal.SIG_IGN); signal.signal(signal.SIGTERM, signal.SIG_IGN)",
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)",
+    "signal.signal(signal.SIGALRM, lambda *a: None); signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)",
+], ids=["sigchld-ignored", "sigchld-handled", "sigchld-blocked", "all-blocked", "sigpipe-default",
+        "alrm-term-ignored", "sigint-ignored", "itimer-storm"])
+def test_signal_state_of_the_caller(setup: str, contain: bool, clean: dict[bool, object]) -> None:
+    """A disposition or mask set in the calling process changes no field of any result."""
+    got = child(f"{setup}\nout = report({contain})\nsignal.setitimer(signal.ITIMER_REAL, 0)\n"
+                "print(json.dumps(out))")
+    assert got == clean[contain]
+
+
+@MODES
+def test_sigchld_ignored_inherited_across_exec(contain: bool, clean: dict[bool, object]) -> None:
+    """`trap '' CHLD` in a shell that then execs Python: SIGCHLD is ignored from the start."""
+    got = child(f"""
+        assert signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN
+        print(json.dumps(report({contain})))
+    """, wrapper=["bash", "-c", "trap '' CHLD; exec \"$@\"", "bash"])
+    assert got == clean[contain]
+
+
+@MODES
+def test_sigchld_with_sa_nocldwait(contain: bool, clean: dict[bool, object]) -> None:
+    """SIGCHLD at its default but with SA_NOCLDWAIT (the kernel reaps children itself)."""
+    if sys.platform != "linux" or os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip("the struct sigaction layout below is glibc's on x86_64/aarch64 Linux")
+    got = child(f"""
+        import ctypes
+        class SigAction(ctypes.Structure):
+            _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16),
+                        ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+        libc = ctypes.CDLL(None, use_errno=True)
+        act = SigAction()
+        act.handler = 0  # SIG_DFL
+        act.flags = 2    # SA_NOCLDWAIT
+        assert libc.sigaction(signal.SIGCHLD, ctypes.byref(act), None) == 0
+        print(json.dumps(report({contain})))
+    """)
+    assert got == clean[contain]
+
+
+@MODES
+def test_a_reaping_sigchld_handler_takes_no_status(contain: bool) -> None:
+    """A caller's SIGCHLD handler that reaps with waitpid(-1): 200 runs, every status exact."""
+    got = child(f"""
+        def reap(*_):
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            except ChildProcessError:
+                pass
+        signal.signal(signal.SIGCHLD, reap)
+        wrong = []
+        for i in range(200):
+            r = run(["sh", "-c", "exit $1", "sh", str(i % 7 + 1)], timeout=20, contain={contain})
+            if r.exit_code != i % 7 + 1 or r.runner_error is not None:
+                wrong.append([i, r.exit_code, r.runner_error])
+        print(json.dumps(wrong))
+    """)
+    assert got == []
+
+
+@MODES
+def test_callers_own_children_keep_their_statuses(contain: bool) -> None:
+    """Popen children of the caller, exiting while runs go on, keep their own statuses."""
+    got = child(f"""
+        import subprocess
+        kids = [subprocess.Popen(["sh", "-c", f"sleep 0.{{i}}; exit {{i + 10}}"]) for i in range(5)]
+        for _ in range(20):
+            assert run(["true"], contain={contain}).exit_code == 0
+        time.sleep(0.6)
+        statuses = [k.wait(timeout=10) for k in kids]
+        r = run(["sh", "-c", "exit 4"], contain={contain})
+        print(json.dumps([statuses, r.exit_code]))
+    """)
+    assert got == [[10, 11, 12, 13, 14], 4]
+
+
+@MODES
+def test_sigpipe_at_default_with_unread_stdin(contain: bool) -> None:
+    """SIGPIPE at its default and a command that leaves 1 MB of stdin unread: the caller lives,
+    and the result says how much was delivered."""
+    got = child(f"""
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        r = run(["true"], stdin=b"x" * 10**6, contain={contain})
+        # no SIGPIPE was left pending for the caller either
+        print(json.dumps([r.exit_code, r.stdin_delivered, r.runner_error.startswith("stdin not "),
+                          signal.SIGPIPE in signal.sigpending()]))
+    """)
+    assert got == [0, False, True, False]
+
+
+@MODES
+def test_environ_edited_by_another_thread(contain: bool) -> None:
+    """Another thread rewrites os.environ while env=None runs go on: every child sees a whole
+    environment (HOME and PATH present), never a spawn failure."""
+    got = child(f"""
+        os.environ["HOME"] = "/home-of-test"
+        stop = threading.Event()
+        def churn():
+            i = 0
+            while not stop.is_set():
+                os.environ[f"BP_CHURN_{{i % 200}}"] = "x" * (i % 300)
+                if i % 200 == 199:
+                    for k in [k for k in os.environ if k.startswith("BP_CHURN_")]:
+                        del os.environ[k]
+                i += 1
+        t = threading.Thread(target=churn)
+        t.start()
+        bad = []
+        try:
+            for _ in range(300):
+                r = run(["sh", "-c", 'echo "$HOME"; test -n "$PATH"'], timeout=20,
+                        contain={contain})
+                if r.exit_code != 0 or r.stdout != b"/home-of-test\\n":
+                    bad.append([r.exit_code, r.stdout.decode()[:80], r.runner_error])
+        finally:
+            stop.set()
+            t.join()
+        print(json.dumps(bad))
+    """)
+    assert got == []
+
+
+@MODES
+def test_thread_with_a_32k_stack(contain: bool, clean: dict[bool, object]) -> None:
+    """A calling thread with Python's smallest stack (32 KiB) runs everything as usual."""
+    got = child(f"""
+        threading.stack_size(32 * 1024)
+        out = []
+        t = threading.Thread(target=lambda: out.append(report({contain})))
+        t.start()
+        t.join()
+        print(json.dumps(out[0]))
+    """)
+    assert got == clean[contain]
+
+
+@MODES
+def test_run_from_a_signal_handler_while_a_run_is_in_flight(contain: bool) -> None:
+    """A SIGUSR1 handler calls run() while the main thread is inside run(): both finish, both
+    right, and the outer run keeps its bound."""
+    got = child(f"""
+        inner = []
+        signal.signal(signal.SIGUSR1,
+                      lambda *_: inner.append(run(["echo", "inner"], contain={contain}).stdout.decode()))
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        t = time.monotonic()
+        r = run(["sh", "-c", "sleep 0.6; echo outer"], timeout=5, contain={contain})
+        print(json.dumps([inner, r.stdout.decode(), r.exit_code, time.monotonic() - t < 3]))
+    """, timeout=30)
+    assert got == [["inner\n"], "outer\n", 0, True]
+
+
+@MODES
+def test_ctrl_c_during_spawn_leaves_nothing(contain: bool, tmp_path: object) -> None:
+    """SIGINTs at random moments while runs start: each run ends in the exception its signal
+    handler raised or in a result, and no `sleep` is left behind (they all record their pids)."""
+    got = child(f"""
+        import random
+        pidfile = {str(tmp_path)!r} + "/pids"
+        class Interrupt(Exception):
+            pass
+        armed = False
+        def interrupt(*_):
+            # raises only while a run is being started or driven; disarms itself, so the
+            # bookkeeping around it is never interrupted
+            global armed
+            if armed:
+                armed = False
+                raise Interrupt
+        signal.signal(signal.SIGINT, interrupt)
+        stop = threading.Event()
+        def interrupter():
+            while not stop.is_set():
+                time.sleep(random.uniform(0.0005, 0.01))
+                os.kill(os.getpid(), signal.SIGINT)
+        t = threading.Thread(target=interrupter, daemon=True)
+        t.start()
+        interrupted = done = 0
+        for _ in range(300):
+            try:
+                armed = True
+                run(["sh", "-c", f"echo $$ >> {{pidfile}}; exec sleep 35"], timeout=0.02,
+                    contain={contain})
+                armed = False
+                done += 1
+            except Interrupt:
+                interrupted += 1
+        stop.set()
+        t.join()
+        print(json.dumps([interrupted, done, pidfile]))
+    """, timeout=180)
+    assert isinstance(got, list)
+    interrupted, done, pidfile = got
+    assert interrupted > 0 and interrupted + done == 300
+    pids: list[int] = []
+    if os.path.exists(pidfile):
+        with open(pidfile) as f:
+            pids = pids_in(f.read())
+    assert wait_dead(pids, within=2.0) == []
+
+
+@MODES
+def test_callers_stdio_closed(contain: bool, tmp_path: object) -> None:
+    """A caller whose fds 0, 1 and 2 are closed: output is captured as usual, stdin is fed."""
+    out = f"{tmp_path}/out.json"
+    code = f"""
+        os.close(0); os.close(1); os.close(2)
+        a = run(["sh", "-c", "cat; echo out; echo err >&2"], stdin=b"in ", contain={contain})
+        b = run(["sh", "-c", "exit 6"], contain={contain})
+        with open({out!r}, "w") as f:
+            json.dump([a.stdout.decode(), a.stderr.decode(), a.exit_code, b.exit_code], f)
+    """
+    done = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+                          env=importable_env(), timeout=60, check=False,
+                          stdin=subprocess.DEVNULL, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    with open(out) as f:
+        assert json.load(f) == ["in out\n", "err\n", 0, 6]
+
+
+@MODES
+def test_no_free_fd_is_a_result(contain: bool) -> None:
+    """RLIMIT_NOFILE exhausted: `spawn failed: EMFILE`, no exception, and nothing leaked once
+    fds are free again."""
+    got = child(f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        held = []
+        try:
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
+        r = run(["true"], contain={contain})
+        first = [r.spawned, r.exit_code, (r.runner_error or "").split(" ")[:3]]
+        for fd in held:
+            os.close(fd)
+        before = len(os.listdir("/proc/self/fd"))
+        ok = [run(["true"], contain={contain}).ok for _ in range(20)]
+        print(json.dumps([first, all(ok), len(os.listdir("/proc/self/fd")) - before]))
+    """)
+    assert isinstance(got, list)
+    first, ok, grown = got
+    assert first == [False, 127, ["spawn", "failed:", "EMFILE"]]
+    assert ok
+    assert grown <= 4  # an idle supervisor's socket, at most, per pool slot
+
+
+@MODES
+def test_no_free_process_slot_is_a_result(contain: bool) -> None:
+    """RLIMIT_NPROC reached (as nobody, for root is exempt): `spawn failed: EAGAIN`, no
+    exception; the same process runs again once the limit is raised."""
+    out = as_nobody(f"""
+import resource
+soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+resource.setrlimit(resource.RLIMIT_NPROC, (1, hard))
+r = boundedproc.run(["true"], contain={contain})
+first = [r.spawned, r.exit_code, (r.runner_error or "").split(" ")[:3]]
+resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+out = dict(first=first, again=boundedproc.run(["echo", "x"], contain={contain}).stdout.decode())
+""")
+    assert out == {"first": [False, 127, ["spawn", "failed:", "EAGAIN"]], "again": "x\n"}
+
+
+def _unshare() -> list[str]:
+    unshare = shutil.which("unshare")
+    if unshare is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1)")
+    probe = subprocess.run([unshare, "--pid", "--fork", "true"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"no pid namespaces here: {probe.stderr.decode().strip()}")
+    return [unshare, "--pid", "--fork"]
+
+
+@MODES
+@pytest.mark.parametrize("own_proc", [True, False], ids=["own-proc", "host-proc"])
+def test_caller_as_pid_1(contain: bool, own_proc: bool, clean: dict[bool, object]) -> None:
+    """The caller is PID 1 of a pid namespace, with its own /proc or the host's: same results,
+    and a setsid escapee of a contained run is still killed."""
+    wrapper = [*_unshare(), *(["--mount-proc"] if own_proc else [])]
+    got = child(f"""
+        assert os.getpid() == 1
+        # the leader waits until the escapee has its own session, or the group kill at the
+        # end could take it before it leaves
+        esc = run(["sh", "-c", "setsid sleep 30 & echo $!; sleep 0.3"], timeout=5,
+                  contain={contain})
+        pid = int(esc.stdout)
+        time.sleep(0.3)
+        try:  # as PID 1 we adopt orphans: reap the dead ones (no run is in flight)
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+        try:  # by signal, not /proc: with the host's /proc, its pids are not ours
+            os.kill(pid, 0)
+            alive = True
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            alive = False
+        print(json.dumps([report({contain}), alive]))
+    """, wrapper=wrapper)
+    assert isinstance(got, list)
+    results, escapee_alive = got
+    assert results == clean[contain]
+    assert escapee_alive is (not contain)
+
+
+@MODES
+@pytest.mark.parametrize("bound", [1e300, 2.0**63, float(2**63), 10**30])
+def test_huge_bounds_mean_no_limit(bound: float, contain: bool) -> None:
+    """A bound too large for the core is no limit: no OverflowError, the run completes."""
+    r = run(["sh", "-c", "echo ok"], timeout=bound, kill_grace=bound, drain_grace=bound,
+            limits=Limits(cpu_seconds=bound), contain=contain)
+    assert (r.exit_code, r.stdout, r.timed_out, r.runner_error) == (0, b"ok\n", False, None)
+
+
+def test_cli_huge_timeout() -> None:
+    """`python -m boundedproc --timeout 1e300` runs the command, no traceback."""
+    done = subprocess.run([sys.executable, "-m", "boundedproc", "--timeout", "1e300", "--",
+                           "echo", "ok"], capture_output=True, env=importable_env(), timeout=60,
+                          check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"ok\n", b"")
+
+
+@pytest.mark.stress
+def test_stress_many_threads() -> None:
+    """Many threads running short commands at once: every result right, fds and the process
+    table flat.  Short form by default; BOUNDEDPROC_STRESS=SECONDS:THREADS for the long one
+    (the red team's 60:48)."""
+    seconds, threads = (float(x) for x in os.environ.get("BOUNDEDPROC_STRESS", "3:8").split(":"))
+    fds_before = len(os.listdir("/proc/self/fd"))
+    wrong: list[object] = []
+    count = [0]
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def worker(k: int) -> None:
+        i = 0
+        while time.monotonic() < deadline:
+            code = (k + i) % 5
+            contain = i % 2 == 0
+            r = run(["sh", "-c", f"echo {k}-{i}; exit {code}"], timeout=30, contain=contain)
+            if (r.exit_code, r.stdout) != (code, f"{k}-{i}\n".encode()) or r.runner_error:
+                with lock:
+                    wrong.append((k, i, r.exit_code, r.stdout, r.runner_error))
+            i += 1
+        with lock:
+            count[0] += i
+
+    pool = [threading.Thread(target=worker, args=(k,)) for k in range(int(threads))]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert wrong == []
+    assert count[0] > threads
+    # each exited thread's supervisors are gone with it
+    time.sleep(0.3)
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 2
+    zombies = [c for c in __import__("psutil").Process().children() if c.status() == "zombie"]
+    assert zombies == []
