@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ._executor import ExecutorUnavailable, dask_executor, parse_executor
+from ._executor import _INSTALL_DISTRIBUTED, ExecutorUnavailable, dask_executor, parse_executor
 from ._grade import (
     DuplicateMarker,
     Evidence,
@@ -708,7 +708,7 @@ def _parser() -> argparse.ArgumentParser:
         help=(
             "where the checks run: 'local' (a thread pool of --jobs threads; the default) or "
             "'dask://HOST:PORT', the scheduler of a Dask cluster (needs the optional "
-            "'distributed' package: pip install 'boundedproc[dask]')"
+            f"'distributed' package: {_INSTALL_DISTRIBUTED})"
         ),
     )
     parser.add_argument(
