@@ -42,7 +42,8 @@ Decisions taken where SPEC section 4 is silent:
   streams, not its ``bash -n`` parse; a line is shown once its newline comes (or 64 KiB of it,
   or the run ends), decoded as UTF-8 with replacement; every byte read is shown, also past
   ``max_output``. With ``--executor dask://`` the output would be the workers', so the two
-  flags together are a usage error (exit 2). Ctrl-C cancels the running checks (their groups are killed) and exits 130.
+  flags together are a usage error (exit 2).
+- Ctrl-C cancels the running checks (their groups are killed) and exits 130.
 - ``--executor dask://HOST:PORT`` grades on a Dask cluster (see ``grader._executor``); ``--jobs``
   then does not apply, the cluster's worker threads decide how many checks run at once. A
   missing ``distributed`` or a scheduler that does not answer within ``--connect-timeout``

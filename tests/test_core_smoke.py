@@ -60,7 +60,7 @@ def _chunk_spec(argv: list[bytes], keep: list[object], max_output: int) -> objec
 
 
 def test_chunks_are_reported_and_handed_over() -> None:
-    """report_chunks: bp_wait returns BP_CHUNK per read and bp_chunk gives every byte, kept or not."""
+    """report_chunks: BP_CHUNK per read, and bp_chunk hands over every byte, kept or not."""
     keep: list[object] = []
     script = b"printf abc; sleep 0.2; printf defgh >&2; sleep 0.2; printf ij"
     spec = _chunk_spec([b"/bin/sh", b"-c", script], keep, max_output=4)

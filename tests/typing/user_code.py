@@ -80,7 +80,7 @@ def options_as_a_user_writes_them(cancel: Cancel) -> None:
 
 def many_bytes() -> list[bytes]:
     """``run_many`` yields ``Result[bytes]`` by default; a ``Job`` overrides options."""
-    cmds: list[list[str] | str | Job] = [["echo", "a"], Job(["cat"], stdin=b"b", timeout=3), "echo c"]
+    cmds: list[list[str] | str | Job] = [["echo", "a"], Job(["cat"], stdin=b"b"), "echo c"]
     results: Iterator[Result[bytes]] = run_many(cmds, jobs=2, shell=True, timeout=10)
     return [r.stdout for r in results]
 
