@@ -226,16 +226,53 @@ async def run_async(
     The command runs on a worker thread of a dedicated pool (see the module
     docstring for why, and what it costs), so any number of ``run_async``
     calls can be awaited together, up to ``ASYNC_MAX_THREADS`` at once.
+    Every keyword is ``run()``'s, with the same meaning and default (its
+    docstring says more on each).
 
     Args:
         cmd: As for ``run()``: an argument vector, or a string with ``shell=``.
-        shell, timeout, max_output, on_overflow, stdin, cwd, env, env_mode,
-            merge_stderr, text, cancel, kill_grace, drain_grace, limits,
-            contain, on_output, keep, stdout, stderr, user, group, tmpdir,
-            check: Every keyword of ``run()``, with the same meaning and
-            defaults (``timeout=600``, ``max_output=16 MiB``, ...).  The
-            caller's ``cancel=`` switch works as with ``run()``; ``on_output``
-            is called in the worker thread.
+        shell: As for ``run()``: ``True`` runs a string ``cmd`` with
+            ``/bin/sh -c``, a program name or path runs it with that shell.
+            Default ``False``.
+        timeout: Seconds from the spawn to the deadline; ``None`` for none.
+            Default 600.
+        max_output: Bytes kept across stdout and stderr together; ``None`` for
+            no cap. Default 16 MiB.
+        on_overflow: Past the cap, ``"truncate"`` (the default) or ``"kill"``.
+        stdin: A payload (``str`` is UTF-8 encoded), ``None`` (the default:
+            EOF at once), ``DEVNULL`` or ``INHERIT``.
+        cwd: Directory the child starts in; ``None`` (the default) for the
+            caller's.
+        env: Variables for the child; a ``None`` value removes one (merge).
+        env_mode: ``"merge"`` (the default) applies ``env`` over the caller's
+            environment, ``"replace"`` gives the child ``env`` alone.
+        merge_stderr: Send the child's stderr where its stdout goes. Default
+            ``False``.
+        text: Decode stdout and stderr as UTF-8 (``errors="replace"``):
+            ``Result[str]`` instead of ``Result[bytes]``. Default ``False``.
+        cancel: A switch that ends the run when set, as with ``run()``;
+            cancelling the awaiting task does not set it.
+        kill_grace: Seconds between SIGTERM and SIGKILL; default 0 (SIGKILL at
+            once).
+        drain_grace: Seconds to keep reading the pipes after the leader is
+            reaped. Default 2.
+        limits: Resource limits for the child (``setrlimit`` before exec);
+            ``None`` for none.
+        contain: Kill also the descendants that left the group, and the run if
+            the caller dies; ``None`` (the default) means on where supported.
+        on_output: Called as ``on_output(stream, chunk)`` for every chunk
+            read, in the worker thread that runs the command.
+        keep: Which bytes ``max_output`` keeps: ``"head"`` (the default),
+            ``"tail"`` or ``"head+tail"``.
+        stdout: ``CAPTURE`` (the default), ``DEVNULL``, ``INHERIT``, an fd or
+            an object with ``fileno()``.
+        stderr: The same for stderr.
+        user: Run as this user (a name or a uid), with its groups.
+        group: Run with this group (a name or a gid) instead of the user's.
+        tmpdir: Run in a fresh private directory (also ``TMPDIR``), removed
+            after the run. Default ``False``.
+        check: Raise ``ProcessFailed`` from the await when the result is not
+            ``ok``.
 
     Returns:
         The ``Result`` that ``run()`` returns: ``Result[bytes]``, or
@@ -462,6 +499,10 @@ def run_many(
     groups are killed and reaped, and starts nothing more.  Hold the iterator
     in ``contextlib.closing`` when it may outlive a ``break``.
 
+    The keywords after ``progress`` are ``run()``'s, with its meanings and
+    defaults (its docstring says more on each), shared by every command that
+    does not override them in a ``Job``.
+
     Args:
         cmds: Commands; each is a string (run with ``shell=``), an argument
             vector (always run without the shared ``shell=``, so strings and
@@ -471,15 +512,49 @@ def run_many(
         progress: Show a tqdm progress bar on stderr, advanced as results are
             yielded, when tqdm is importable (the ``cli`` extra); nothing
             otherwise.
-        shell, timeout, max_output, on_overflow, stdin, cwd, env, env_mode,
-            merge_stderr, text, cancel, kill_grace, drain_grace, limits,
-            contain, on_output, keep, stdout, stderr, user, group, tmpdir,
-            check: Every keyword of ``run()``, with its meaning and default,
-            shared by every command that does not override it.  A
-            ``cancel=`` switch cancels every run it reaches; ``on_output``
-            (shared or a job's) is called in the worker thread that runs the
-            command; with ``check=True`` a failed run's ``ProcessFailed`` is
-            raised in its turn.
+        shell: As for ``run()``, for the commands that are strings:
+            ``True`` runs them with ``/bin/sh -c``, a program name or path
+            with that shell. Default ``False``.
+        timeout: Seconds from the spawn to the deadline; ``None`` for none.
+            Default 600.
+        max_output: Bytes kept across stdout and stderr together; ``None`` for
+            no cap. Default 16 MiB.
+        on_overflow: Past the cap, ``"truncate"`` (the default) or ``"kill"``.
+        stdin: A payload (``str`` is UTF-8 encoded), ``None`` (the default:
+            EOF at once), ``DEVNULL`` or ``INHERIT``.
+        cwd: Directory the child starts in; ``None`` (the default) for the
+            caller's.
+        env: Variables for the child; a ``None`` value removes one (merge).
+        env_mode: ``"merge"`` (the default) applies ``env`` over the caller's
+            environment, ``"replace"`` gives the child ``env`` alone.
+        merge_stderr: Send the child's stderr where its stdout goes. Default
+            ``False``.
+        text: Decode stdout and stderr as UTF-8 (``errors="replace"``):
+            ``Result[str]`` instead of ``Result[bytes]``. Default ``False``.
+        cancel: A switch that cancels every run it reaches once set (a run
+            whose switch is already set spawns nothing).
+        kill_grace: Seconds between SIGTERM and SIGKILL; default 0 (SIGKILL at
+            once).
+        drain_grace: Seconds to keep reading the pipes after the leader is
+            reaped. Default 2.
+        limits: Resource limits for the child (``setrlimit`` before exec);
+            ``None`` for none.
+        contain: Kill also the descendants that left the group, and the run if
+            the caller dies; ``None`` (the default) means on where supported.
+        on_output: Called as ``on_output(stream, chunk)`` for every chunk
+            read, in the worker thread that runs the command (a ``Job`` may
+            give its own).
+        keep: Which bytes ``max_output`` keeps: ``"head"`` (the default),
+            ``"tail"`` or ``"head+tail"``.
+        stdout: ``CAPTURE`` (the default), ``DEVNULL``, ``INHERIT``, an fd or
+            an object with ``fileno()``.
+        stderr: The same for stderr.
+        user: Run as this user (a name or a uid), with its groups.
+        group: Run with this group (a name or a gid) instead of the user's.
+        tmpdir: Run in a fresh private directory (also ``TMPDIR``), removed
+            after the run. Default ``False``.
+        check: Raise a failed run's ``ProcessFailed`` from the iterator in its
+            turn.
 
     Returns:
         An iterator of ``Result``, one per command, in input order:

@@ -36,7 +36,14 @@ Decisions taken where SPEC section 4 is silent:
 - A claim refused with ``UncheckableClaimError`` (on its face, or by ``bash -n``) is reported as
   ``uncheckable`` with that reason and note.
 - Output lines are written in input order, each as soon as it and every claim before it are
-  graded. Ctrl-C cancels the running checks (their groups are killed) and exits 130.
+  graded. ``--verbose`` also streams each check's own output (stdout and stderr, in the order
+  it was read) to stderr as it comes, one line at a time, each line prefixed with ``[ID] ``;
+  lines of checks running at once interleave, never mix within a line. Only the check's run
+  streams, not its ``bash -n`` parse; a line is shown once its newline comes (or 64 KiB of it,
+  or the run ends), decoded as UTF-8 with replacement; every byte read is shown, also past
+  ``max_output``. With ``--executor dask://`` the output would be the workers', so the two
+  flags together are a usage error (exit 2).
+- Ctrl-C cancels the running checks (their groups are killed) and exits 130.
 - ``--executor dask://HOST:PORT`` grades on a Dask cluster (see ``grader._executor``); ``--jobs``
   then does not apply, the cluster's worker threads decide how many checks run at once. A
   missing ``distributed`` or a scheduler that does not answer within ``--connect-timeout``
@@ -51,11 +58,13 @@ Decisions taken where SPEC section 4 is silent:
 from __future__ import annotations
 
 import argparse
+import codecs
 import importlib
 import json
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
@@ -64,7 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from ._executor import ExecutorUnavailable, dask_executor, parse_executor
+from ._executor import _INSTALL_DISTRIBUTED, ExecutorUnavailable, dask_executor, parse_executor
 from ._grade import (
     DuplicateMarker,
     Evidence,
@@ -215,6 +224,7 @@ def verify_claim(
     env: Mapping[str, str] | None = None,
     user: int | str | None = None,
     tmpdir: bool = False,
+    verbose: bool = False,
 ) -> ClaimOutcome:
     """Verify one claim with ``verify_gradeable_evidence`` and time it.
 
@@ -230,19 +240,28 @@ def verify_claim(
         env: The check's whole environment; ``None`` for an empty one.
         user: Run the check as this user (``boundedproc.run``'s ``user=``).
         tmpdir: Run the check in a fresh private directory instead of ``cwd``.
+        verbose: Stream the check's output, as it is read, to this process's ``sys.stderr``,
+            each line prefixed with ``[ID] `` (see the module docstring).
 
     Returns:
         The claim's outcome (without ``duplicate_of``).
     """
     started = time.monotonic()
+    options: dict[str, Any] = {}
+    echo = _PrefixedEcho(claim.id) if verbose else None
+    if echo is not None:
+        options["on_output"] = echo
     try:
         verified = verify_gradeable_evidence(
             claim.evidence, cwd=cwd, bash=bash, timeout=timeout, cancel=cancel, env=env,
-            user=user, tmpdir=tmpdir,
+            user=user, tmpdir=tmpdir, **options,
         )
     except UncheckableClaimError as refused:
         grade = Grade(Verdict.UNCHECKABLE, refused.reason, refused.note)
         return ClaimOutcome(claim.id, grade, None, time.monotonic() - started)
+    finally:
+        if echo is not None:
+            echo.close()
     execution = verified.execution
     return ClaimOutcome(
         claim.id,
@@ -265,6 +284,7 @@ def verify_claims(
     env: Mapping[str, str] | None = None,
     user: int | str | None = None,
     tmpdir: bool = False,
+    verbose: bool = False,
 ) -> Generator[ClaimOutcome, None, None]:
     """Verify claims concurrently and yield their outcomes in input order, duplicates flagged.
 
@@ -294,6 +314,9 @@ def verify_claims(
         env: The whole environment of every check; ``None`` for an empty one.
         user: Run every check as this user (it must exist where the checks run).
         tmpdir: Run every check in a fresh private directory; ``cwd`` must then be ``None``.
+        verbose: Stream each check's output, line by line and prefixed with ``[ID] ``, to the
+            ``sys.stderr`` of the process that runs it (see ``verify_claim``): this one's for
+            the default pool or a thread pool, a worker's for a remote executor.
 
     Yields:
         One outcome per claim, in input order, as soon as it and all before it are done.
@@ -315,7 +338,7 @@ def verify_claims(
             futures.append(
                 pool.submit(
                     verify_claim, claim, cwd=cwd, timeout=timeout, bash=bash, cancel=check_cancel,
-                    env=env, user=user, tmpdir=tmpdir,
+                    env=env, user=user, tmpdir=tmpdir, **({"verbose": True} if verbose else {}),
                 )
             )
         index_of = {future: index for index, future in enumerate(futures)}
@@ -430,6 +453,60 @@ def _summary(outcomes: Sequence[ClaimOutcome], malformed: int, elapsed: float) -
     lines += [f"{label:<{width}}  {count:>6}" for label, count in rows]
     lines.append(f"graded in {elapsed:.2f} s")
     return "\n".join(lines)
+
+
+_ECHO_LOCK = threading.Lock()  # one line at a time on stderr, whichever check's it is
+
+
+class _PrefixedEcho:
+    """``on_output`` for ``--verbose``: a check's output to ``sys.stderr``, ``[ID] `` per line.
+
+    Each stream is decoded incrementally (a character split across reads stays whole) and cut
+    into lines; a line is written whole, under one lock shared by every check, so lines of
+    checks running at once never mix. A partial line waits for its newline, up to
+    ``_ECHO_MAX_LINE`` characters, and is written by ``close`` when the run ends. A stderr that
+    cannot be written to stops the echo, never the check.
+    """
+
+    _ECHO_MAX_LINE = 64 * 1024
+
+    def __init__(self, claim_id: str) -> None:
+        self._prefix = f"[{claim_id}] "
+        self._decoders = {
+            stream: codecs.getincrementaldecoder("utf-8")(errors="replace") for stream in (1, 2)
+        }
+        self._pending = {1: "", 2: ""}
+        self._broken = False
+
+    def __call__(self, stream: int, chunk: bytes) -> None:
+        text = self._pending[stream] + self._decoders[stream].decode(chunk)
+        *lines, rest = text.split("\n")
+        while len(rest) >= self._ECHO_MAX_LINE:
+            lines.append(rest[: self._ECHO_MAX_LINE])
+            rest = rest[self._ECHO_MAX_LINE :]
+        self._pending[stream] = rest
+        self._write(lines)
+
+    def close(self) -> None:
+        """Write what is left of each stream as a last line."""
+        lines = []
+        for stream in (1, 2):
+            rest = self._pending[stream] + self._decoders[stream].decode(b"", final=True)
+            self._pending[stream] = ""
+            if rest:
+                lines.append(rest)
+        self._write(lines)
+
+    def _write(self, lines: list[str]) -> None:
+        if not lines or self._broken:
+            return
+        text = "".join(f"{self._prefix}{line}\n" for line in lines)
+        with _ECHO_LOCK:
+            try:
+                sys.stderr.write(text)
+                sys.stderr.flush()
+            except (OSError, ValueError):  # closed, or its reader left: keep grading
+                self._broken = True
 
 
 class _Progress:
@@ -632,7 +709,7 @@ def _parser() -> argparse.ArgumentParser:
         help=(
             "where the checks run: 'local' (a thread pool of --jobs threads; the default) or "
             "'dask://HOST:PORT', the scheduler of a Dask cluster (needs the optional "
-            "'distributed' package: pip install 'boundedproc[dask]')"
+            f"'distributed' package: {_INSTALL_DISTRIBUTED})"
         ),
     )
     parser.add_argument(
@@ -675,6 +752,14 @@ def _parser() -> argparse.ArgumentParser:
         help="run the checks as USER (a name or a uid) with its groups; needs root",
     )
     parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help=(
+            "stream each check's output to stderr as it runs, each line prefixed with [ID] "
+            "(not with --executor dask://)"
+        ),
+    )
+    parser.add_argument(
         "--tmpdir",
         action="store_true",
         help=(
@@ -709,7 +794,8 @@ def _grade_pass(
 
     cancel = Cancel()
     started = time.monotonic()
-    progress = _Progress(len(claims), sys.stderr)
+    # A bar redrawn between the streamed lines would garble them.
+    progress = _Progress(0 if args.verbose else len(claims), sys.stderr)
     outcomes: list[ClaimOutcome] = []
     results = verify_claims(
         claims,
@@ -722,6 +808,7 @@ def _grade_pass(
         env=env,
         user=args.user,
         tmpdir=args.tmpdir,
+        verbose=args.verbose,
     )
     try:
         for outcome in results:
@@ -773,6 +860,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.tmpdir and args.cwd is not None:
         parser.error("--tmpdir gives every check a fresh directory: it cannot go with --cwd")
+    if args.verbose and args.executor is not None:
+        parser.error("--verbose streams the output of checks run here: it cannot go with "
+                     "--executor dask://")
     address: str | None = args.executor
     claims_path = Path(args.claims)
     try:

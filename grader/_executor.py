@@ -4,7 +4,9 @@
 the runner releases the GIL while a check runs, so threads are enough. ``--executor
 dask://HOST:PORT`` grades on the ``distributed`` cluster whose scheduler listens there, through
 ``Client.get_executor()``, a ``concurrent.futures.Executor``. ``distributed`` is the optional
-``dask`` extra (``pip install 'boundedproc[dask]'``) and is imported only when asked for.
+``dask`` extra and is imported only when asked for. The package index's ``boundedproc`` is not
+this project, so the install hint names ``distributed`` itself, or the extra of a checkout
+(``pip install '.[dask]'``), never ``boundedproc[dask]``.
 
 On a cluster, each claim travels to a worker as data (a ``ClaimLine``), the worker verifies it
 with its own ``boundedproc`` and sends back a ``ClaimOutcome``; duplicates are flagged here once
@@ -22,6 +24,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = ["ExecutorUnavailable", "dask_executor", "parse_executor"]
+
+#: How to get ``distributed``: the ``dask`` extra's requirement (pyproject.toml), or the extra
+#: itself from a checkout or an sdist of this project.
+_INSTALL_DISTRIBUTED = "pip install 'distributed>=2023.1', or from a checkout pip install '.[dask]'"
 
 LOCAL = "local"
 DASK_SCHEME = "dask"
@@ -93,7 +99,7 @@ def dask_executor(address: str, *, connect_timeout: float) -> Iterator[Executor]
     except ImportError as exc:
         raise ExecutorUnavailable(
             "a Dask executor needs the optional 'distributed' package "
-            f"(pip install 'boundedproc[dask]'): {exc}"
+            f"({_INSTALL_DISTRIBUTED}): {exc}"
         ) from exc
     try:
         client = distributed.Client(address, timeout=connect_timeout, set_as_default=False)

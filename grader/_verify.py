@@ -7,7 +7,7 @@ caller that only grades executions it already has never loads the runner's compi
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from ._grade import (
@@ -43,6 +43,7 @@ def _run_bash(
     cancel: Cancel | None,
     user: int | str | None = None,
     tmpdir: bool = False,
+    on_output: Callable[[int, bytes], None] | None = None,
 ) -> CheckExecution:
     from boundedproc import run
 
@@ -59,6 +60,7 @@ def _run_bash(
         max_output=max_output,
         text=True,
         cancel=cancel,
+        on_output=on_output,
     )
     return CheckExecution.from_result(result)
 
@@ -104,6 +106,7 @@ def verify_gradeable_evidence(
     cancel: Cancel | None = None,
     user: int | str | None = None,
     tmpdir: bool = False,
+    on_output: Callable[[int, bytes], None] | None = None,
 ) -> VerifiedEvidence:
     """Refuse, parse, run and grade a claim's check, as a blind grader would (SPEC 3.3).
 
@@ -139,6 +142,12 @@ def verify_gradeable_evidence(
         tmpdir: Run the parse and the check each in a fresh private directory, its cwd and
             ``TMPDIR``, removed after it (``boundedproc.run``'s ``tmpdir=``); ``cwd`` must then
             be ``None``.
+        on_output: Called as ``on_output(stream, chunk)`` (``stream`` 1 for stdout, 2 for
+            stderr) with the check's output as it is read, every chunk, kept or not
+            (``boundedproc.run``'s ``on_output=``), in the thread that runs the check. Only the
+            check's run streams: the ``bash -n`` parse prints nothing unless it refuses the
+            check, and then its message is in the note. An exception it raises ends the run
+            (its group killed) and propagates.
 
     Returns:
         The evidence, the execution that was graded (the parse's, when the parse was stopped)
@@ -160,10 +169,11 @@ def verify_gradeable_evidence(
         assert accepted.rung < CHECKABLE_RUNG_THRESHOLD
         return VerifiedEvidence(accepted, None, grade_for(accepted, None))
 
-    def run_bash(argv: list[str], budget: float | None) -> CheckExecution:
+    def run_bash(argv: list[str], budget: float | None,
+                 on_output: Callable[[int, bytes], None] | None = None) -> CheckExecution:
         return _run_bash(
             argv, cwd=cwd, env=env, timeout=budget, max_output=max_output, cancel=cancel,
-            user=user, tmpdir=tmpdir,
+            user=user, tmpdir=tmpdir, on_output=on_output,
         )
 
     parse = run_bash([bash, "-n", "-c", check], timeout if parse_timeout is None else parse_timeout)
@@ -177,5 +187,5 @@ def verify_gradeable_evidence(
             Reason.INVALID_SHELL_SYNTAX,
             note_for(Reason.INVALID_SHELL_SYNTAX, f"bash said: {said}" if said else None),
         )
-    execution = run_bash([bash, "-c", check], timeout)
+    execution = run_bash([bash, "-c", check], timeout, on_output)
     return VerifiedEvidence(accepted, execution, grade_for(accepted, execution))

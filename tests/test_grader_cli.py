@@ -530,7 +530,9 @@ def test_dask_without_distributed_exits_two(
     captured = capsys.readouterr()
     assert captured.out == "" and fake.calls == []
     assert "needs the optional 'distributed' package" in captured.err
-    assert "pip install 'boundedproc[dask]'" in captured.err
+    assert "pip install 'distributed>=2023.1', or from a checkout pip install '.[dask]'" in (
+        captured.err)
+    assert "boundedproc[dask]" not in captured.err  # the index's boundedproc is not this one
 
 
 class FailingExecutor(Executor):
@@ -825,3 +827,84 @@ def test_real_run_with_an_unknown_user_is_unrunnable(tmp_path: Path, capsys: Any
     assert cli.main([str(path), "--user", "bp-no-such-user-0"]) == 0
     line = output_lines(capsys.readouterr().out)[0]
     assert (line["verdict"], line["reason"]) == ("unrunnable", "runner-failure")
+
+
+# --- --verbose: each check's output streamed live to stderr --------------------------------
+
+
+def test_verbose_streams_each_line_prefixed_with_the_claim_id(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """--verbose writes every line of each check's stdout and stderr to stderr as [ID] line."""
+    path = write_claims(
+        tmp_path,
+        claim("a", check="echo one; echo two >&2; printf 'x=%s' 3", expect="x=3"),
+        claim("b", check="printf 'caf\\303\\251\\n'; echo \"n=$((1 + 1))\"", expect="n=2"),
+    )
+    assert cli.main([str(path), "--verbose", "--jobs", "2"]) == 0
+    captured = capsys.readouterr()
+    assert [line["verdict"] for line in output_lines(captured.out)] == ["verified"] * 2
+    streamed = [line for line in captured.err.splitlines() if line.startswith("[")]
+    assert [line for line in streamed if line.startswith("[a] ")] == [
+        "[a] one", "[a] two", "[a] x=3"]
+    assert [line for line in streamed if line.startswith("[b] ")] == ["[b] café", "[b] n=2"]
+    assert len(streamed) == 5
+    assert cli.main([str(path)]) == 0
+    assert "[a]" not in capsys.readouterr().err
+
+
+def test_verbose_echo_keeps_lines_and_characters_whole(capsys: Any) -> None:
+    """The echo joins a line and a UTF-8 character split across reads, and cuts huge lines."""
+    echo = cli._PrefixedEcho("id")
+    echo(1, b"he")
+    echo(2, b"err\xc3")
+    echo(1, b"llo\nwor")
+    echo(2, b"\xa9\n")
+    assert capsys.readouterr().err == "[id] hello\n[id] err\u00e9\n"
+    echo(1, b"ld\n" + b"z" * (cli._PrefixedEcho._ECHO_MAX_LINE + 1))
+    echo.close()
+    assert capsys.readouterr().err.splitlines() == [
+        "[id] world", "[id] " + "z" * cli._PrefixedEcho._ECHO_MAX_LINE, "[id] z"]
+
+
+def test_verbose_output_arrives_while_the_check_runs(tmp_path: Path, leftovers: list[int]) -> None:
+    """A check's line reaches the grader's stderr before the check ends: it waits on it here."""
+    check = (
+        "echo started; i=0; while [ ! -e go ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done;"
+        " if [ -e go ]; then echo re$(echo leased); else echo waited-in-vain; fi"
+    )
+    path = write_claims(tmp_path, claim("live", check=check, expect="released"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grader", str(path), "--verbose", "--timeout", "60"],
+        env=importable_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    leftovers.append(proc.pid)
+    seen: list[str] = []
+    try:
+        assert proc.stderr is not None
+        started = time.monotonic()
+        for line in proc.stderr:  # the check waits 30 s at most, and the grader's timeout is 60
+            seen.append(line)
+            if line == "[live] started\n":
+                # The check is still waiting for this file: what was read came live.
+                (tmp_path / "go").touch()
+                break
+        assert time.monotonic() - started < 25, seen
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert seen[-1:] == ["[live] started\n"], seen
+    assert "[live] released\n" in err, err
+    assert proc.returncode == 0, err
+    assert [line["verdict"] for line in output_lines(out)] == ["verified"]
+
+
+def test_verbose_with_a_dask_executor_is_a_usage_error(tmp_path: Path, capsys: Any) -> None:
+    """--verbose streams checks run here, so with --executor dask:// it exits 2 at once."""
+    path = write_claims(tmp_path, claim("one"))
+    with pytest.raises(SystemExit) as exited:
+        cli.main([str(path), "--verbose", "--executor", "dask://127.0.0.1:1"])
+    assert exited.value.code == 2
+    assert "--verbose streams the output of checks run here" in capsys.readouterr().err
