@@ -427,16 +427,41 @@ def _ignore_int_quit() -> None:
     signal.signal(signal.SIGQUIT, signal.SIG_IGN)
 
 
+SENT_ON = [s for s in FORWARDED if s != signal.SIGALRM]
+
+
 @pytest.mark.parametrize("background", [False, True], ids=["foreground-job", "background-job"])
-@pytest.mark.parametrize("sig", FORWARDED, ids=[s.name for s in FORWARDED])
+@pytest.mark.parametrize("sig", SENT_ON, ids=[s.name for s in SENT_ON])
 def test_signals_are_sent_on(sig: signal.Signals, background: bool,
                              started: Callable[..., Started]) -> None:
-    """Each of the seven signals received reaches the command, also with INT/QUIT ignored."""
+    """Each of the six signals received reaches the command, also with INT/QUIT ignored."""
     run = started("30", PY, "-c", CATCHER, preexec=_ignore_int_quit if background else None)
     assert run.line() == b"ready"
     run.signal(sig)
     status, out, _ = run.finish()
     assert (status, out) == (0, f"got {int(sig)}\n".encode())
+
+
+@pytest.mark.parametrize("options, sent", [
+    ([], signal.SIGTERM), (["-s", "INT"], signal.SIGINT), (["-s", "ALRM"], signal.SIGALRM),
+], ids=["TERM", "INT", "ALRM"])
+def test_a_sigalrm_received_is_the_deadline(options: list[str], sent: signal.Signals,
+                                            started: Callable[..., Started]) -> None:
+    """A SIGALRM sent to us is the deadline, now, as coreutils: -s's signal is sent, then 124."""
+    run = started("-v", *options, "30", PY, "-c", CATCHER)
+    assert run.line() == b"ready"
+    run.signal(signal.SIGALRM)
+    status, out, err = run.finish()
+    assert (status, out) == (124, f"got {int(sent)}\n".encode()), err
+    assert err == f"timeout: sending signal {sent.name[3:]} to command '{PY}'\n".encode()
+
+
+def test_cascaded_timeouts() -> None:
+    """timeout -s ALRM N timeout ...: the outer deadline, as ALRM, ends the inner one's run."""
+    inner = [*CLI, "-s", "INT", "30", PY, "-c", CATCHER]
+    p = subprocess.run([*CLI, "-s", "ALRM", "0.5", *inner], capture_output=True, timeout=60,
+                       env=env_c(), check=False)
+    assert (p.returncode, p.stdout) == (124, f"ready\ngot {int(signal.SIGINT)}\n".encode())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE])
