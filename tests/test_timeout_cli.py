@@ -14,6 +14,7 @@ import pty
 import re
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -787,6 +788,23 @@ def test_ctrl_z_stops_the_command_and_the_deadline_keeps_wall_time(
     assert ticks.read_text().count("tick") > stopped_at  # it ran again after fg
     # 4 s of wall time, 2.3 of them stopped: a deadline that paused would end after 6.3 s.
     assert ended - began < 6.0
+
+
+# --- coreutils' own tests ----------------------------------------------------------
+
+CASES = Path(__file__).parent / "coreutils_timeout" / "run_cases.sh"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="run_cases.sh needs bash")
+def test_coreutils_cases_all_pass() -> None:
+    """Every case of tests/coreutils_timeout (coreutils' tests/timeout/) passes for ours."""
+    p = subprocess.run(["bash", str(CASES), *CLI], capture_output=True, timeout=600,
+                       env=env_c(), check=False)
+    report = p.stdout.decode()
+    cases = [line.split(" ", 1)[0] for line in report.splitlines()
+             if line.startswith(("PASS ", "FAIL ", "SKIP "))]
+    # A SKIP is a tool this machine lacks (setsid, unshare with user namespaces), not ours.
+    assert len(cases) == 35 and "FAIL" not in cases and p.returncode == 0, report + p.stderr.decode()
 
 
 def test_no_process_left_behind_by_this_file() -> None:
