@@ -100,7 +100,8 @@ class Started:
                  **kw: object) -> None:
         self.proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env_c(),
-                                     preexec_fn=preexec, **kw)  # type: ignore[call-overload]
+                                     preexec_fn=preexec,  # noqa: PLW1509 (masks, dispositions)
+                                     **kw)  # type: ignore[call-overload]
         self.out = b""
 
     def line(self, within: float = 30) -> bytes:
@@ -372,8 +373,8 @@ def test_verbose_messages() -> None:
         (["-v", "-s", "HUP", "0.2", "sleep", "30"], env_c(),
          b"timeout: sending signal HUP to command 'sleep'\n"),
         (["-v", "-k", "0.2", "0.2", "sh", "-c", "trap '' TERM; sleep 30"], env_c(),
-         b"timeout: sending signal TERM to command 'sh'\n"
-         b"timeout: sending signal KILL to command 'sh'\n"),
+         (b"timeout: sending signal TERM to command 'sh'\n"
+          b"timeout: sending signal KILL to command 'sh'\n")),
         (["-v", "0.2", "sleep", "30"], env_c(LC_ALL="C.UTF-8"),
          "timeout: sending signal TERM to command \u2018sleep\u2019\n".encode()),
     ]
@@ -576,7 +577,7 @@ def test_stdin_and_output_are_live() -> None:
         proc.stdin.write(b"one\n")
         proc.stdin.flush()
         assert proc.stdout.readline() == b"got:one\n"
-        out, err = proc.communicate(b"x" * (20 << 20), timeout=60)
+        _, err = proc.communicate(b"x" * (20 << 20), timeout=60)
         assert proc.returncode == 0 and len(err) == 20 << 20
     finally:
         proc.kill()
