@@ -458,12 +458,13 @@ def test_a_sigalrm_received_is_the_deadline(options: list[str], sent: signal.Sig
     assert err == f"timeout: sending signal {sent.name[3:]} to command '{PY}'\n".encode()
 
 
-def test_cascaded_timeouts() -> None:
-    """timeout -s ALRM N timeout ...: the outer deadline, as ALRM, ends the inner one's run."""
-    inner = [*CLI, "-s", "INT", "30", PY, "-c", CATCHER]
-    p = subprocess.run([*CLI, "-s", "ALRM", "0.5", *inner], capture_output=True, timeout=60,
-                       env=env_c(), check=False)
-    assert (p.returncode, p.stdout) == (124, f"ready\ngot {int(signal.SIGINT)}\n".encode())
+def test_cascaded_timeouts(started: Callable[..., Started]) -> None:
+    """timeout -s ALRM N timeout -s INT M: the outer's deadline, as ALRM, ends the inner one's."""
+    run = started("-s", "ALRM", "30", *CLI, "-s", "INT", "30", PY, "-c", CATCHER)
+    assert run.line() == b"ready"  # both are in place: their handlers are installed
+    run.signal(signal.SIGALRM)  # the outer's deadline, now (as coreutils' timeout-group.sh)
+    status, out, err = run.finish()
+    assert (status, out) == (124, f"got {int(signal.SIGINT)}\n".encode()), err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE])
