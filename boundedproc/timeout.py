@@ -522,7 +522,8 @@ DURATION is a number, as C's strtod reads it (1.5, 5e-1, 0x1p-1), with an
 optional unit: s seconds (the default), m minutes, h hours, d days.  A
 DURATION of 0 sets no limit.
 
-TERM, INT, HUP, QUIT, USR1, USR2 and ALRM received are sent on to COMMAND.
+TERM, INT, HUP, QUIT, USR1 and USR2 received are sent on to COMMAND; an ALRM
+received is the deadline, now.
 
 Exit status:
   124  COMMAND timed out (and --preserve-status was not given)
@@ -584,7 +585,8 @@ def _disable_core_dumps() -> bool:
 
 # --- the run ----------------------------------------------------------------------
 
-# Received by this program and sent on to COMMAND (SPEC 9.5).
+# Received by this program and sent on to COMMAND (SPEC 9.5); SIGALRM is the
+# deadline instead (on_alarm), as in coreutils.
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
               signal.SIGUSR2, signal.SIGALRM)
 # Never caught here, whatever -s names: job control, and the uncatchable.
@@ -641,7 +643,10 @@ class _Timeout:
         # Our itimer has expired exactly when it is armed and reads 0 now; a
         # SIGALRM from outside leaves it running.  (Both at once merge into one.)
         if not (self.armed and signal.getitimer(signal.ITIMER_REAL)[0] == 0.0):
-            self.deliver(signal.SIGALRM)
+            # coreutils cannot tell the two apart: a SIGALRM sent to it is its
+            # deadline, now (-s's signal sent, 124), which is what `timeout -s
+            # ALRM N timeout ...` relies on.  What is scheduled stays due.
+            self.cleanup(None)
             return
         self.armed = False
         now = time.monotonic()

@@ -14,6 +14,7 @@ import pty
 import re
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,7 +100,8 @@ class Started:
                  **kw: object) -> None:
         self.proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env_c(),
-                                     preexec_fn=preexec, **kw)  # type: ignore[call-overload]
+                                     preexec_fn=preexec,  # noqa: PLW1509 (masks, dispositions)
+                                     **kw)  # type: ignore[call-overload]
         self.out = b""
 
     def line(self, within: float = 30) -> bytes:
@@ -371,8 +373,8 @@ def test_verbose_messages() -> None:
         (["-v", "-s", "HUP", "0.2", "sleep", "30"], env_c(),
          b"timeout: sending signal HUP to command 'sleep'\n"),
         (["-v", "-k", "0.2", "0.2", "sh", "-c", "trap '' TERM; sleep 30"], env_c(),
-         b"timeout: sending signal TERM to command 'sh'\n"
-         b"timeout: sending signal KILL to command 'sh'\n"),
+         (b"timeout: sending signal TERM to command 'sh'\n"
+          b"timeout: sending signal KILL to command 'sh'\n")),
         (["-v", "0.2", "sleep", "30"], env_c(LC_ALL="C.UTF-8"),
          "timeout: sending signal TERM to command \u2018sleep\u2019\n".encode()),
     ]
@@ -427,16 +429,42 @@ def _ignore_int_quit() -> None:
     signal.signal(signal.SIGQUIT, signal.SIG_IGN)
 
 
+SENT_ON = [s for s in FORWARDED if s != signal.SIGALRM]
+
+
 @pytest.mark.parametrize("background", [False, True], ids=["foreground-job", "background-job"])
-@pytest.mark.parametrize("sig", FORWARDED, ids=[s.name for s in FORWARDED])
+@pytest.mark.parametrize("sig", SENT_ON, ids=[s.name for s in SENT_ON])
 def test_signals_are_sent_on(sig: signal.Signals, background: bool,
                              started: Callable[..., Started]) -> None:
-    """Each of the seven signals received reaches the command, also with INT/QUIT ignored."""
+    """Each of the six signals received reaches the command, also with INT/QUIT ignored."""
     run = started("30", PY, "-c", CATCHER, preexec=_ignore_int_quit if background else None)
     assert run.line() == b"ready"
     run.signal(sig)
     status, out, _ = run.finish()
     assert (status, out) == (0, f"got {int(sig)}\n".encode())
+
+
+@pytest.mark.parametrize("options, sent", [
+    ([], signal.SIGTERM), (["-s", "INT"], signal.SIGINT), (["-s", "ALRM"], signal.SIGALRM),
+], ids=["TERM", "INT", "ALRM"])
+def test_a_sigalrm_received_is_the_deadline(options: list[str], sent: signal.Signals,
+                                            started: Callable[..., Started]) -> None:
+    """A SIGALRM sent to us is the deadline, now, as coreutils: -s's signal is sent, then 124."""
+    run = started("-v", *options, "30", PY, "-c", CATCHER)
+    assert run.line() == b"ready"
+    run.signal(signal.SIGALRM)
+    status, out, err = run.finish()
+    assert (status, out) == (124, f"got {int(sent)}\n".encode()), err
+    assert err == f"timeout: sending signal {sent.name[3:]} to command '{PY}'\n".encode()
+
+
+def test_cascaded_timeouts(started: Callable[..., Started]) -> None:
+    """timeout -s ALRM N timeout -s INT M: the outer's deadline, as ALRM, ends the inner one's."""
+    run = started("-s", "ALRM", "30", *CLI, "-s", "INT", "30", PY, "-c", CATCHER)
+    assert run.line() == b"ready"  # both are in place: their handlers are installed
+    run.signal(signal.SIGALRM)  # the outer's deadline, now (as coreutils' timeout-group.sh)
+    status, out, err = run.finish()
+    assert (status, out) == (124, f"got {int(signal.SIGINT)}\n".encode()), err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE])
@@ -550,7 +578,7 @@ def test_stdin_and_output_are_live() -> None:
         proc.stdin.write(b"one\n")
         proc.stdin.flush()
         assert proc.stdout.readline() == b"got:one\n"
-        out, err = proc.communicate(b"x" * (20 << 20), timeout=60)
+        _, err = proc.communicate(b"x" * (20 << 20), timeout=60)
         assert proc.returncode == 0 and len(err) == 20 << 20
     finally:
         proc.kill()
@@ -762,6 +790,23 @@ def test_ctrl_z_stops_the_command_and_the_deadline_keeps_wall_time(
     assert ticks.read_text().count("tick") > stopped_at  # it ran again after fg
     # 4 s of wall time, 2.3 of them stopped: a deadline that paused would end after 6.3 s.
     assert ended - began < 6.0
+
+
+# --- coreutils' own tests ----------------------------------------------------------
+
+CASES = Path(__file__).parent / "coreutils_timeout" / "run_cases.sh"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="run_cases.sh needs bash")
+def test_coreutils_cases_all_pass() -> None:
+    """Every case of tests/coreutils_timeout (coreutils' tests/timeout/) passes for ours."""
+    p = subprocess.run(["bash", str(CASES), *CLI], capture_output=True, timeout=600,
+                       env=env_c(), check=False)
+    report = p.stdout.decode()
+    cases = [line.split(" ", 1)[0] for line in report.splitlines()
+             if line.startswith(("PASS ", "FAIL ", "SKIP "))]
+    # A SKIP is a tool this machine lacks (setsid, unshare with user namespaces), not ours.
+    assert len(cases) == 35 and "FAIL" not in cases and p.returncode == 0, report + p.stderr.decode()
 
 
 def test_no_process_left_behind_by_this_file() -> None:
