@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import boundedproc
-from boundedproc import _command, _native, _options, _run, _scale
+from boundedproc import _cancel, _command, _native, _options, _run, _scale
 
 TRUE = ["/bin/true"]
 
@@ -112,7 +112,7 @@ def pieces(calls: int) -> list[tuple[str, float]]:
     rows.append(("run_many: _validate (a dry run(), per command)",
                  per_call(lambda: _scale._validate(TRUE, mopts), calls)))
     rows.append(("run_many: _run_watching's ALSO_CANCEL set/reset",
-                 per_call(lambda: _scale.ALSO_CANCEL.reset(_scale.ALSO_CANCEL.set(sw)), calls)))
+                 per_call(lambda: _cancel.ALSO_CANCEL.reset(_cancel.ALSO_CANCEL.set(sw)), calls)))
     with ThreadPoolExecutor(max_workers=4) as pool:
         rows.append(("run_many: pool.submit + Future.result (no-op job, 4 workers)",
                      per_call(lambda: pool.submit(int).result(), calls)))
