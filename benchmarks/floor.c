@@ -8,7 +8,7 @@
  *     floor RUNS THREADS [PROGRAM]
  *
  * runs RUNS commands in all, THREADS at a time (each thread takes the next
- * run until none is left), and prints one line:
+ * run until none is left), after WARMUP untimed runs, and prints one line:
  *
  *     floor threads=4 runs=2000 wall_s=0.812345 per_run_us=406.2
  *
@@ -32,6 +32,8 @@
 #include <unistd.h>
 
 extern char **environ;
+
+#define WARMUP 10
 
 static const char *program = "/bin/true";
 static atomic_long remaining;
@@ -158,6 +160,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "floor: RUNS >= 1 and 1 <= THREADS <= 256\n");
         return 2;
     }
+    /* Untimed warm-up, as the Python sides get: the first spawns of a fresh
+     * process pay for faulting in libc's spawn path and the page cache. */
+    for (int i = 0; i < WARMUP && !atomic_load(&failed); i++)
+        one_run();
+    if (atomic_load(&failed))
+        return 1;
     atomic_store(&remaining, runs);
     pthread_t tids[256];
     double t0 = now();
