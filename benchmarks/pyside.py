@@ -117,12 +117,15 @@ def pieces(calls: int) -> list[tuple[str, float]]:
         rows.append(("run_many: pool.submit + Future.result (no-op job, 4 workers)",
                      per_call(lambda: pool.submit(int).result(), calls)))
     n = max(calls // 5, 200)
-    t0 = time.perf_counter()
-    for _ in range(3):
+    manys: list[float] = []
+    ones: list[float] = []
+    for _ in range(5):  # interleaved, so load from elsewhere hits both alike
+        t0 = time.perf_counter()
         for _r in boundedproc.run_many((TRUE for _ in range(n)), jobs=1):
             pass
-    many1 = (time.perf_counter() - t0) / (3 * n)
-    one = per_call(lambda: boundedproc.run(TRUE), n, 3)
+        manys.append((time.perf_counter() - t0) / n)
+        ones.append(per_call(lambda: boundedproc.run(TRUE), n, 1))
+    many1, one = statistics.median(manys), statistics.median(ones)
     rows.append(("run_many(jobs=1) per command (spawns)", many1))
     rows.append(("  minus a run() in a loop: dispatch per command", many1 - one))
     sw.close()
