@@ -69,10 +69,12 @@ def measure(calls: int = 300, cmd: tuple[str, ...] = ("/bin/true",), warmup: int
     real_execute = _native.execute
     acc = {"c_start": 0.0, "c_wait": 0.0, "c_other": 0.0, "execute": 0.0}
 
-    def timed_execute(spec: Any) -> Any:
+    def timed_execute(spec: Any, *args: Any, **kwargs: Any) -> Any:
+        # Pass through whatever _native.execute takes (on_output=, control=, ...),
+        # so a new keyword there never breaks the benchmark.
         t0 = time.perf_counter()
         try:
-            return real_execute(spec)
+            return real_execute(spec, *args, **kwargs)
         finally:
             acc["execute"] += time.perf_counter() - t0
 
