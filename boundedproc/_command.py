@@ -113,7 +113,13 @@ def environment(items: Sequence[tuple[bytes, bytes | None]],
     reallocates the array under ``os.environ[...] = ...``).  The copy of
     ``os.environb`` is taken whole in one step (see ``environ_snapshot``).
     """
+    global _last_environment
     merged: dict[bytes, bytes] = environ_snapshot() if mode == "merge" else {}
+    plain = mode == "merge" and not items
+    if plain:
+        last = _last_environment
+        if last is not None and last[0] == merged:
+            return last[1], last[2]  # the same list object: the core reuses its C copy
     for kb, vb in items:
         if not kb or b"=" in kb or b"\0" in kb:
             return NotSpawned(f"environment variable name {text_arg(kb)!r} is empty or "
@@ -124,7 +130,15 @@ def environment(items: Sequence[tuple[bytes, bytes | None]],
             return NotSpawned(f"environment variable {text_arg(kb)!r} contains a NUL byte")
         else:
             merged[kb] = vb
-    return [k + b"=" + v for k, v in merged.items()], merged.get(b"PATH")
+    entries = [k + b"=" + v for k, v in merged.items()]
+    if plain:
+        _last_environment = (merged, entries, merged.get(b"PATH"))
+    return entries, merged.get(b"PATH")
+
+
+# The last caller's environment (env=None, merge) and its entries: while os.environ does
+# not change, every run gets the same, never mutated, entries list.
+_last_environment: tuple[dict[bytes, bytes], list[bytes], bytes | None] | None = None
 
 
 def exec_paths(program: bytes, path: bytes | None) -> list[bytes]:

@@ -454,13 +454,28 @@ class _Wakeup:
 
 
 def _cstrings(items: Sequence[bytes], keep: list[object]) -> object:
-    arr = ffi.new("char *[]", len(items) + 1)
-    for i, item in enumerate(items):
-        s = ffi.new("char[]", item)
-        keep.append(s)
-        arr[i] = s
-    arr[len(items)] = ffi.NULL
+    strings = [ffi.new("char[]", item) for item in items]
+    arr = ffi.new("char *[]", [*strings, ffi.NULL])
+    keep.append(strings)
     keep.append(arr)
+    return arr
+
+
+# The C copy of the last environment list seen (by identity: _command hands out the same,
+# never mutated, list while os.environ does not change), kept with what it points to.
+_last_envp: tuple[Sequence[bytes], object, list[object]] | None = None
+
+
+def _cenvp(envp: Sequence[bytes], keep: list[object]) -> object:
+    global _last_envp
+    last = _last_envp
+    if last is not None and last[0] is envp:
+        keep.append(last)
+        return last[1]
+    held: list[object] = []
+    arr = _cstrings(envp, held)
+    _last_envp = (envp, arr, held)
+    keep.append(_last_envp)
     return arr
 
 
@@ -514,7 +529,7 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
     c = ffi.new("struct bp_spec *")
     c.argv = _cstrings(spec.argv, keep)
     c.exec_paths = _cstrings(spec.exec_paths, keep)
-    c.envp = ffi.NULL if spec.envp is None else _cstrings(spec.envp, keep)
+    c.envp = ffi.NULL if spec.envp is None else _cenvp(spec.envp, keep)
     if spec.cwd is not None:
         cwd = ffi.new("char[]", spec.cwd)
         keep.append(cwd)
@@ -551,9 +566,8 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
     c.new_session = int(spec.new_session)
     c.keep = spec.keep
     c.report_chunks = int(on_output is not None)
-    for i in range(NRLIMITS):
-        c.rlimits_soft[i] = spec.rlimits_soft[i]
-        c.rlimits_hard[i] = spec.rlimits_hard[i]
+    c.rlimits_soft = list(spec.rlimits_soft)
+    c.rlimits_hard = list(spec.rlimits_hard)
 
     res = ffi.new("struct bp_result *")
     handle = ffi.new("struct bp_run **")
@@ -614,12 +628,16 @@ def _runner_failure(res: Any, sup_pid: int) -> str | None:
     return f"{who} died during the run{fate}; the run's group was killed"
 
 
+_CHUNK, _DONE = lib.BP_CHUNK, lib.BP_DONE
+
+
 def _drive(c: Any, res: Any, handle: Any, sup: _Supervisor | None,
            on_output: Callable[[int, bytes], None] | None,
            control: RunControl | None) -> NativeOutcome:
     """Start the run and drive it to the end; the supervisor's pool is the caller's."""
     sup_ptr = ffi.NULL if sup is None else sup.ptr
-    sup_pid = 0 if sup is None else int(lib.bp_sup_pid(sup.ptr))
+    # its pid now: a failed supervisor is gone by the end (only a failure text names it)
+    sup_pid = 0 if sup is None else int(lib.bp_sup_pid(sup_ptr))
     with _Wakeup() as wake:
         c.wake_fd = wake.fd
         # Everything from bp_start on is inside the try: a KeyboardInterrupt
@@ -632,17 +650,18 @@ def _drive(c: Any, res: Any, handle: Any, sup: _Supervisor | None,
             if control is not None:
                 control._run = run
                 control.pid = res.pid if res.spawned else None
-            chunk = ffi.new("int *"), ffi.new("const unsigned char **"), ffi.new("size_t *")
+            if on_output is not None:
+                chunk = ffi.new("int *"), ffi.new("const unsigned char **"), ffi.new("size_t *")
             while True:
                 rc = lib.bp_wait(run)
-                if rc == lib.BP_CHUNK and on_output is not None:
+                if rc == _CHUNK and on_output is not None:
                     # The bytes are the core's until the next bp_wait: copy them
                     # out first.  An exception from the callback unwinds through
                     # the finally below, which kills and reaps the run.
                     assert_never_state(lib.bp_chunk(run, *chunk) == 0, "BP_CHUNK without a chunk")
                     on_output(chunk[0][0], ffi.buffer(chunk[1][0], chunk[2][0])[:])
                     continue
-                if rc == lib.BP_DONE:
+                if rc == _DONE:
                     break
                 if rc < 0:
                     if res.err_stage == lib.BP_STAGE_ALLOC:
