@@ -11,6 +11,13 @@ import psutil
 import pytest
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # here, not only in pyproject.toml: CI runs the suite from outside the source tree
+    config.addinivalue_line(
+        "markers", "stress: many threads at once; short by default, "
+        "BOUNDEDPROC_STRESS=SECONDS:THREADS for longer")
+
+
 def alive(pid: int) -> bool:
     """True while pid is a running (non-zombie) process."""
     try:
