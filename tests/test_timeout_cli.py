@@ -48,8 +48,13 @@ def env_c(**extra: str) -> dict[str, str]:
     """The test environment in the C locale (ASCII quotes), reaching the package under test."""
     env = importable_env()
     env["LC_ALL"] = "C"
+    env[SESSION_TAG] = SESSION  # so the last test finds what this file started, and only that
     env.update(extra)
     return env
+
+
+SESSION_TAG = "BOUNDEDPROC_TIMEOUT_TESTS"
+SESSION = f"{os.getpid()}-{time.time_ns()}"
 
 
 def tcli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
@@ -811,6 +816,13 @@ def test_coreutils_cases_all_pass() -> None:
 
 def test_no_process_left_behind_by_this_file() -> None:
     """After the tests above, no command of theirs is still running."""
+    def ours(p: psutil.Process) -> bool:
+        # by the tag env_c() sets: another test run on this machine is not this file's
+        try:
+            return p.environ().get(SESSION_TAG) == SESSION
+        except psutil.Error:
+            return False
+
     mine = [p for p in psutil.process_iter(["cmdline"])
-            if "boundedproc.timeout" in " ".join(p.info["cmdline"] or [])]
+            if "boundedproc.timeout" in " ".join(p.info["cmdline"] or []) and ours(p)]
     assert wait_dead([p.pid for p in mine], within=10) == []
