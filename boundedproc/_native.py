@@ -306,9 +306,13 @@ def assert_never_state(condition: bool, what: str) -> None:
         raise RuntimeError(f"boundedproc internal error: {what}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NativeSpec:
-    """Validated, encoded inputs of one run; every field is ready for C."""
+    """Validated, encoded inputs of one run; every field is ready for C.
+
+    Never changed once made (``dataclasses.replace`` makes a new one); not
+    frozen only because a frozen ``__init__`` costs microseconds a run.
+    """
 
     argv: Sequence[bytes]
     exec_paths: Sequence[bytes]
@@ -339,9 +343,9 @@ class NativeSpec:
     groups: Sequence[int] | None = None  # setgroups before exec; None: unchanged
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NativeOutcome:
-    """What the core reported, as plain Python values."""
+    """What the core reported, as plain Python values (never changed once made)."""
 
     spawned: bool
     pid: int

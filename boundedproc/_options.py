@@ -280,11 +280,52 @@ def validate(
 ) -> Options:
     """Check every option of ``run()`` and return them as ``Options``.
 
+    Options made only of plain values (no payload, env, cancel, limits,
+    callback or fd object, and not ``contain=True``, whose answer can change)
+    are remembered, keyed by each value and its type, so a loop of runs with
+    the same options validates them once.
+
     Raises:
         TypeError: an option of the wrong type.
         ValueError: a value out of range, an unknown mode, or options that
             exclude each other.
     """
+    key: tuple[object, ...] | None = None
+    if (stdin is None and env is None and cancel is None and limits is None
+            and on_output is None and contain is not True
+            and type(stdout) is Stream and type(stderr) is Stream):
+        plain = (timeout, max_output, on_overflow, cwd, env_mode, merge_stderr, text,
+                 kill_grace, drain_grace, contain, keep, stdout, stderr, user, group, tmpdir,
+                 check)
+        if all(type(v) in _PLAIN for v in plain):
+            key = tuple((type(v), v) for v in plain)
+            known = _validated.get(key)
+            if known is not None:
+                return known
+    options = _validate(timeout=timeout, max_output=max_output, on_overflow=on_overflow,
+                        stdin=stdin, cwd=cwd, env=env, env_mode=env_mode,
+                        merge_stderr=merge_stderr, text=text, cancel=cancel,
+                        kill_grace=kill_grace, drain_grace=drain_grace, limits=limits,
+                        contain=contain, on_output=on_output, keep=keep, stdout=stdout,
+                        stderr=stderr, user=user, group=group, tmpdir=tmpdir, check=check)
+    if key is not None:
+        if len(_validated) >= 64:
+            _validated.clear()
+        _validated[key] = options
+    return options
+
+
+# Types whose values are immutable and hashable: enough to key a validated Options on.
+_PLAIN = frozenset({type(None), bool, int, float, str, bytes, Stream})
+_validated: dict[tuple[object, ...], Options] = {}
+
+
+def _validate(*, timeout: object, max_output: object, on_overflow: object, stdin: object,
+              cwd: object, env: object, env_mode: object, merge_stderr: object, text: object,
+              cancel: object, kill_grace: object, drain_grace: object, limits: object,
+              contain: object, on_output: object, keep: object, stdout: object,
+              stderr: object, user: object, group: object, tmpdir: object,
+              check: object) -> Options:
     timeout_s = seconds("timeout", timeout, allow_none=True)
     kill_grace_s = seconds("kill_grace", kill_grace, allow_none=False)
     drain_grace_s = seconds("drain_grace", drain_grace, allow_none=False)

@@ -627,3 +627,19 @@ def test_caller_with_closed_stdio(tmp_path: Path) -> None:
     for stdout, stderr, spawned, error in rows:
         assert stdout == "in out\n" and stderr == "err\n"
         assert spawned is False and "ENOENT" in error
+
+
+def test_remembered_options_still_refuse_what_differs_only_in_type() -> None:
+    """Validated options are remembered by value and type: True then 1, 0.5 then '0.5', a
+    good keep then a bad one: the second of each is still refused."""
+    assert run(["true"], merge_stderr=True, timeout=0.5).ok
+    with pytest.raises(TypeError):
+        run(["true"], merge_stderr=1, timeout=0.5)  # type: ignore[call-overload]
+    with pytest.raises(TypeError):
+        run(["true"], timeout="0.5")  # type: ignore[call-overload]
+    assert run(["true"], keep="tail").ok
+    with pytest.raises(ValueError):
+        run(["true"], keep="tail ")  # type: ignore[call-overload]
+    for _ in range(2):  # a refused value is never remembered
+        with pytest.raises(ValueError):
+            run(["true"], timeout=-1.0)
