@@ -53,11 +53,14 @@ def argv_of(cmd: object, shell: object) -> list[bytes]:
                 cmd.encode("utf-8", "surrogateescape")]
     if isinstance(cmd, (bytes, bytearray, memoryview)):
         raise TypeError("cmd must be a str (with a shell) or a sequence of arguments, not bytes")
-    if isinstance(cmd, Sequence) or hasattr(cmd, "__iter__"):
+    if isinstance(cmd, (list, tuple, Sequence)) or hasattr(cmd, "__iter__"):
         if shell_prog is not None:
             raise ValueError("an argument vector runs without a shell: "
                              "pass a string to run it with shell=")
-        args = [entry(a, f"cmd[{i}]") for i, a in enumerate(cmd)]
+        # str and bytes first, without naming the entry: the name is for an error only
+        args = [a.encode("utf-8", "surrogateescape") if type(a) is str
+                else a if type(a) is bytes else entry(a, f"cmd[{i}]")
+                for i, a in enumerate(cmd)]
         if not args:
             raise ValueError("cmd is an empty argument vector")
         return args
