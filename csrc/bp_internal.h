@@ -110,6 +110,7 @@ struct bp_run {
     int ctl_fd;             /* unused (kept -1) */
     int sup_dead;           /* it died (or stopped answering) during the run */
     int sup_final;          /* its FINAL report waits unread (it finished on its own) */
+    int64_t next_sup_check_ns; /* when to look next whether the command stopped it */
     int64_t bound_end_ns;   /* start + timeout + kill_grace + drain_grace; -1: none */
 };
 
@@ -121,6 +122,7 @@ void bp__spawn_failed(struct bp_run *run, int stage, int err);
 
 /* sup.c */
 pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err);
+int bp__sup_revive(struct bp_sup *sup);
 void bp__sup_signal(struct bp_run *run, int sig);
 void bp__sup_event(struct bp_run *run);
 int bp__sup_reap(struct bp_run *run);

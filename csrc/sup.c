@@ -58,21 +58,54 @@ struct bp_sup {
 
 extern char **environ;
 
-/* Wait up to ms for fd to be readable; 1 ready, 0 timeout, -1 error. */
-static int wait_readable(int fd, int ms)
+/* Wait up to ns for fd to be readable: 1 ready, 0 timeout, -1 error; or 2 as
+ * soon as one of the three others (-1: none) is readable. */
+static int wait_readable_or(int fd, int64_t ns, const int others[3])
 {
-    int64_t until = bp__now_ns() + (int64_t)ms * 1000000;
+    int64_t until = bp__now_ns() + ns;
     for (;;) {
-        struct pollfd p = {fd, POLLIN, 0};
-        int64_t left = (until - bp__now_ns()) / 1000000;
-        int rc = poll(&p, 1, left > 0 ? (int)left : 0);
+        struct pollfd p[4] = {{fd, POLLIN, 0}, {others[0], POLLIN, 0}, {others[1], POLLIN, 0},
+                              {others[2], POLLIN, 0}};
+        int64_t left = until - bp__now_ns();
+        int ms = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
+        int rc = poll(p, 4, ms);  /* a negative fd is skipped */
         if (rc > 0)
-            return 1;
+            return p[0].revents ? 1 : 2;
         if (rc == 0)
             return 0;
         if (errno != EINTR)
             return -1;
     }
+}
+
+/* Wait up to ms for fd to be readable; 1 ready, 0 timeout, -1 error. */
+static int wait_readable(int fd, int ms)
+{
+    static const int none[3] = {-1, -1, -1};
+    return wait_readable_or(fd, (int64_t)ms * 1000000, none);
+}
+
+/*
+ * A command can stop its supervisor (kill -STOP $PPID) but not keep it
+ * stopped: we are its parent, so waitid(WSTOPPED | WNOWAIT) tells us at once,
+ * and a SIGCONT lets it serve the run again (it reports the leader's exit
+ * exactly, where a stopped one would leave the run to its deadline).  Every
+ * wait on the supervisor looks at most SUP_CHECK_NS apart.  Returns 1 when it
+ * was stopped and has been continued.
+ */
+#define SUP_CHECK_NS 50000000LL
+
+int bp__sup_revive(struct bp_sup *sup)
+{
+    if (sup == NULL || sup->pid <= 0)
+        return 0;
+    siginfo_t info;
+    memset(&info, 0, sizeof info);
+    if (waitid(P_PID, (id_t)sup->pid, &info, WSTOPPED | WNOHANG | WNOWAIT) != 0
+        || info.si_pid != sup->pid || info.si_code != CLD_STOPPED)
+        return 0;
+    (void)kill(sup->pid, SIGCONT);
+    return 1;
 }
 
 /* One message; 1 read, 0 EOF (or a short record), -1 error (errno). */
@@ -459,27 +492,46 @@ pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err
         *err = send_errno;
         return -1;
     }
+    /*
+     * LEADER (from the leader itself, before its exec), then SPAWNED or SPAWN_FAILED.
+     * Every wait here is bounded: SPAWN_WAIT_MS for the supervisor to answer at all, and,
+     * once the command runs, its own deadline (a command that stops its supervisor before
+     * SPAWNED must not hold the caller past it).  Ctrl-C (the wake fd) or a cancel ends the
+     * wait too: once the command runs the loop handles them (and finds the supervisor
+     * unresponsive if it is); before that, the supervisor gets 0.3 s more.
+     */
     pid_t leader = 0;
+    int64_t now = bp__now_ns();
+    int64_t give_up = now + (int64_t)SPAWN_WAIT_MS * 1000000;
     int64_t leader_deadline = -1;
+    int hurry[3] = {spec->wake_fd, spec->cancel_fd, spec->cancel_fd2};
     for (;;) {
-        struct bp_sup_msg m;
-        int wait_ms = SPAWN_WAIT_MS;
-        if (leader_deadline >= 0) {
-            /* The command runs: its deadline bounds this wait too (a command that stops
-             * its supervisor before SPAWNED must not hold the caller 5 s).  At the
-             * deadline the run goes on as a started one, and the loop finds the
-             * supervisor unresponsive and kills the group itself. */
-            int64_t left = (leader_deadline - bp__now_ns()) / 1000000;
-            if (left <= 0) {
+        now = bp__now_ns();
+        if (leader > 0 && leader_deadline >= 0 && now >= leader_deadline) {
+            run->exit_fd = sup->sock;  /* its deadline: the loop takes over from here */
+            return leader;
+        }
+        int64_t until = give_up;
+        if (leader > 0 && leader_deadline >= 0 && leader_deadline < until)
+            until = leader_deadline;
+        if (until > now + SUP_CHECK_NS)
+            until = now + SUP_CHECK_NS;  /* then look whether the command stopped it */
+        int ready = now >= give_up ? 0 : wait_readable_or(sup->sock, until - now, hurry);
+        if (ready == 0)
+            (void)bp__sup_revive(sup);
+        if (ready == 2) {
+            if (leader > 0) {
                 run->exit_fd = sup->sock;
                 return leader;
             }
-            if (left < wait_ms)
-                wait_ms = (int)left;
-        }
-        int ready = wait_readable(sup->sock, wait_ms);
-        if (ready == 0 && wait_ms < SPAWN_WAIT_MS)  /* the deadline's wait, not the 5 s */
+            hurry[0] = hurry[1] = hurry[2] = -1;  /* readable until handled: poll it no more */
+            if (now + 300000000 < give_up)
+                give_up = now + 300000000;
             continue;
+        }
+        if (ready == 0 && bp__now_ns() < give_up)
+            continue;  /* the command's deadline, or an early wake: look again */
+        struct bp_sup_msg m;
         int got = ready == 1 ? recv_msg(sup->sock, &m) : -1;
         if (got == -1 && ready == 1 && (errno == EAGAIN || errno == EWOULDBLOCK))
             continue;
@@ -602,8 +654,12 @@ int bp__sup_reap(struct bp_run *run)
             sup_failed(run, BP_RUNNER_UNRESPONSIVE);
             break;
         }
+        if (left > SUP_CHECK_NS / 1000000)
+            left = SUP_CHECK_NS / 1000000;
         struct pollfd p[2] = {{sup->sock, POLLIN, 0}, {run->spec->wake_fd, POLLIN, 0}};
         int rc = poll(p, run->spec->wake_fd >= 0 ? 2 : 1, (int)left);
+        if (rc == 0)
+            (void)bp__sup_revive(sup);  /* silent so far: stopped by the command? */
         if (rc < 0 && errno != EINTR)
             break;
         if (rc > 0 && run->spec->wake_fd >= 0 && p[1].revents) {
@@ -692,6 +748,12 @@ void bp__sup_signal(struct bp_run *run, int sig)
 {
     (void)run;
     (void)sig;
+}
+
+int bp__sup_revive(struct bp_sup *sup)
+{
+    (void)sup;
+    return 0;
 }
 
 void bp__sup_event(struct bp_run *run)
