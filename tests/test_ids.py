@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import grp
-import json
 import os
 import pwd
-import subprocess
-import sys
 import threading
 import time
 
 import psutil
 import pytest
-from conftest import as_nobody, importable_env
+from conftest import as_nobody
 
 from boundedproc import SPAWN_FAILURE_EXIT_CODE, Limits, run
 from boundedproc._ids import NO_CHANGE, Ids, Unresolved, resolve

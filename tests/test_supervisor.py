@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not _native.CONTAIN_SUPPORTED,
 def child_python(script: str, timeout: float = 60.0, **kw: object) -> subprocess.CompletedProcess[str]:
     """Run a Python script in a fresh interpreter that imports boundedproc."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
-                          text=True, timeout=timeout, env=importable_env(), **kw)
+                          text=True, timeout=timeout, env=importable_env(), check=False, **kw)
 
 
 def assert_runner_failed(r: object) -> None:
@@ -112,15 +112,16 @@ def _parent_signaller(tmp_path_factory: pytest.TempPathFactory, sig: str) -> Pat
         #include <signal.h>
         #include <unistd.h>
         int main(int argc, char **argv) {
-            kill(getppid(), %s);
+            kill(getppid(), SIGNAL);
             int fd = open(argv[1], O_WRONLY | O_APPEND | O_CREAT, 0600);
             (void)!write(fd, "x", 1);
             pause();
             return 0;
         }
-    """ % sig))
+    """).replace("SIGNAL", sig))
     exe = d / "signaller"
-    static = subprocess.run([cc, "-O2", "-static", "-o", str(exe), str(src)], capture_output=True)
+    static = subprocess.run([cc, "-O2", "-static", "-o", str(exe), str(src)], capture_output=True,
+                            check=False)
     if static.returncode != 0:
         subprocess.run([cc, "-O2", "-o", str(exe), str(src)], check=True)
     return exe
@@ -342,12 +343,12 @@ def test_pid_namespace_without_its_own_proc(tmp_path: Path) -> None:
     """
     env = importable_env()
     env["PYTHONPATH"] = env.get("PYTHONPATH", "") + os.pathsep + str(Path(__file__).parent)
-    probe = subprocess.run([unshare, "--pid", "--fork", "true"], capture_output=True)
+    probe = subprocess.run([unshare, "--pid", "--fork", "true"], capture_output=True, check=False)
     if probe.returncode != 0:
         pytest.skip(f"unshare refused: {probe.stderr!r}")
     out = subprocess.run([unshare, "--pid", "--fork", sys.executable, "-c",
                           textwrap.dedent(script)], capture_output=True, text=True, timeout=60,
-                         env=env)
+                         env=env, check=False)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout.strip().splitlines()[-1])
     assert data == {"bystander": True, "left": [], "ok": True}
