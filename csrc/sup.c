@@ -8,7 +8,8 @@
  *   start    vfork+exec of the supervisor program with its socket as fd 3;
  *            it answers HELLO (or the stage and errno that refused it, which
  *            the caller may take as "containment unavailable here").
- *   run      BP_CMD_RUN with the spec in a memfd and the child's stdio fds;
+ *   run      BP_CMD_RUN with the spec inline (a memfd past 48 KiB) and the
+ *            child's stdio fds;
  *            LEADER (from the leader itself, before its exec), then SPAWNED
  *            or SPAWN_FAILED; EXITED; SIGNAL/KILL from us; FINAL.
  *   death    at any point the supervisor may die (a command that kills its
@@ -493,44 +494,30 @@ pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err
         return -1;
     }
     /*
-     * LEADER (from the leader itself, before its exec), then SPAWNED or SPAWN_FAILED.
-     * Every wait here is bounded: SPAWN_WAIT_MS for the supervisor to answer at all, and,
-     * once the command runs, its own deadline (a command that stops its supervisor before
-     * SPAWNED must not hold the caller past it).  Ctrl-C (the wake fd) or a cancel ends the
-     * wait too: once the command runs the loop handles them (and finds the supervisor
-     * unresponsive if it is); before that, the supervisor gets 0.3 s more.
+     * LEADER (from the leader itself, before its exec), then SPAWNED or SPAWN_FAILED,
+     * waited for here and nowhere else, so the loop never sees a start report.  Bounded:
+     * SPAWN_WAIT_MS for the supervisor to answer at all, looking every SUP_CHECK_NS
+     * whether the command stopped it (then it is continued: bp__sup_revive); Ctrl-C (the
+     * wake fd) or a cancel shortens what is left to 0.3 s.
      */
     pid_t leader = 0;
     int64_t now = bp__now_ns();
     int64_t give_up = now + (int64_t)SPAWN_WAIT_MS * 1000000;
-    int64_t leader_deadline = -1;
     int hurry[3] = {spec->wake_fd, spec->cancel_fd, spec->cancel_fd2};
     for (;;) {
         now = bp__now_ns();
-        if (leader > 0 && leader_deadline >= 0 && now >= leader_deadline) {
-            run->exit_fd = sup->sock;  /* its deadline: the loop takes over from here */
-            return leader;
-        }
-        int64_t until = give_up;
-        if (leader > 0 && leader_deadline >= 0 && leader_deadline < until)
-            until = leader_deadline;
-        if (until > now + SUP_CHECK_NS)
-            until = now + SUP_CHECK_NS;  /* then look whether the command stopped it */
-        int ready = now >= give_up ? 0 : wait_readable_or(sup->sock, until - now, hurry);
-        if (ready == 0)
-            (void)bp__sup_revive(sup);
+        int64_t slice = give_up - now < SUP_CHECK_NS ? give_up - now : SUP_CHECK_NS;
+        int ready = now >= give_up ? 0 : wait_readable_or(sup->sock, slice, hurry);
         if (ready == 2) {
-            if (leader > 0) {
-                run->exit_fd = sup->sock;
-                return leader;
-            }
             hurry[0] = hurry[1] = hurry[2] = -1;  /* readable until handled: poll it no more */
             if (now + 300000000 < give_up)
                 give_up = now + 300000000;
             continue;
         }
-        if (ready == 0 && bp__now_ns() < give_up)
-            continue;  /* the command's deadline, or an early wake: look again */
+        if (ready == 0 && bp__now_ns() < give_up) {
+            (void)bp__sup_revive(sup);  /* silent so far: stopped by the command? */
+            continue;
+        }
         struct bp_sup_msg m;
         int got = ready == 1 ? recv_msg(sup->sock, &m) : -1;
         if (got == -1 && ready == 1 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -551,8 +538,6 @@ pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err
         if (m.type == BP_MSG_LEADER) {
             leader = m.pid;
             run->start_ns = bp__now_ns();  /* the command's clock starts here */
-            if (spec->timeout_ns >= 0)
-                leader_deadline = run->start_ns + spec->timeout_ns;
         } else if (m.type == BP_MSG_SPAWNED) {
             run->exit_fd = sup->sock;  /* borrowed: never closed by the run */
             return m.pid;

@@ -435,3 +435,23 @@ def test_stress_many_threads() -> None:
     assert len(os.listdir("/proc/self/fd")) <= fds_before + 2
     zombies = [c for c in __import__("psutil").Process().children() if c.status() == "zombie"]
     assert zombies == []
+
+
+@MODES
+def test_signal_storm_during_spawn_failures(contain: bool) -> None:
+    """A handled SIGALRM every 0.2 ms while 200 runs fail to exec: each is the exact
+    `spawn failed: ENOENT` result (a pending handler once made a contained run take its
+    start for granted, then read the failure report as a dead supervisor)."""
+    got = child(f"""
+        signal.signal(signal.SIGALRM, lambda *a: None)
+        signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
+        wrong = []
+        for _ in range(200):
+            r = run(["no-such-program-bp"], timeout=20, contain={contain})
+            if r.spawned or r.exit_code != 127 or not (r.runner_error or "").startswith(
+                    "spawn failed: ENOENT"):
+                wrong.append([r.exit_code, r.runner_error])
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        print(json.dumps(wrong[:5]))
+    """)
+    assert got == []
