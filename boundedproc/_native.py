@@ -213,12 +213,15 @@ def _refuse(stage: int, err: int) -> None:
 
 
 def _supervisor_environment() -> tuple[Any, list[Any]]:
-    """The caller's environment as of now, as a ``char *[]`` for the supervisor's exec,
-    and the strings it points to (to be kept alive until the exec is done)."""
-    from boundedproc._command import environ_snapshot
+    """The caller's environment as of now (the snapshot a run's child gets with
+    ``env=None``), as a ``char *[]`` for the supervisor's exec, and what it points
+    to (to be kept alive until the exec is done)."""
+    from boundedproc._command import NotSpawned, environment
 
+    env = environment([], "merge")
+    assert not isinstance(env, NotSpawned)  # no entries of ours to refuse
     keep: list[Any] = []
-    return _cstrings([k + b"=" + v for k, v in environ_snapshot().items()], keep), keep
+    return _cenvp(env[0], keep), keep
 
 
 def _acquire(explicit: bool) -> _Supervisor | _StartFailure | None:
@@ -575,7 +578,7 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
 
     res = ffi.new("struct bp_result *")
     handle = ffi.new("struct bp_run **")
-    if threading.current_thread() is threading.main_thread():
+    if _wake_pipe is None and threading.current_thread() is threading.main_thread():
         try:
             _get_wake_pipe()  # made once; out of fds is this run's spawn failure
         except OSError as e:

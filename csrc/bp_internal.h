@@ -122,7 +122,9 @@ void bp__spawn_failed(struct bp_run *run, int stage, int err);
 
 /* sup.c */
 pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err);
-int bp__sup_revive(struct bp_sup *sup);
+/* How often every wait on a supervisor looks whether the command stopped it. */
+#define BP_SUP_CHECK_NS 50000000LL
+void bp__sup_revive(struct bp_sup *sup);
 void bp__sup_signal(struct bp_run *run, int sig);
 void bp__sup_event(struct bp_run *run);
 int bp__sup_reap(struct bp_run *run);

@@ -311,7 +311,7 @@ int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_sup *s
     }
     if (run->start_ns == 0)
         run->start_ns = bp__now_ns();  /* unless the supervisor's LEADER set it */
-    run->next_sup_check_ns = bp__now_ns() + 50000000;
+    run->next_sup_check_ns = bp__now_ns() + BP_SUP_CHECK_NS;
     if (spec->timeout_ns >= 0) {
         run->deadline_ns = run->start_ns + spec->timeout_ns;
         if (spec->kill_grace_ns >= 0)
@@ -446,8 +446,8 @@ int bp_wait(struct bp_run *run)
 
         if (run->sup != NULL && !run->sup_dead && !run->reaped) {
             if (now >= run->next_sup_check_ns) {
-                (void)bp__sup_revive(run->sup);  /* a command may have stopped it */
-                run->next_sup_check_ns = now + 50000000;
+                bp__sup_revive(run->sup);  /* a command may have stopped it */
+                run->next_sup_check_ns = now + BP_SUP_CHECK_NS;
             }
             if (wake_at < 0 || run->next_sup_check_ns < wake_at)
                 wake_at = run->next_sup_check_ns;

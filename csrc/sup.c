@@ -91,22 +91,17 @@ static int wait_readable(int fd, int ms)
  * stopped: we are its parent, so waitid(WSTOPPED | WNOWAIT) tells us at once,
  * and a SIGCONT lets it serve the run again (it reports the leader's exit
  * exactly, where a stopped one would leave the run to its deadline).  Every
- * wait on the supervisor looks at most SUP_CHECK_NS apart.  Returns 1 when it
- * was stopped and has been continued.
+ * wait on the supervisor looks at most BP_SUP_CHECK_NS apart.
  */
-#define SUP_CHECK_NS 50000000LL
-
-int bp__sup_revive(struct bp_sup *sup)
+void bp__sup_revive(struct bp_sup *sup)
 {
     if (sup == NULL || sup->pid <= 0)
-        return 0;
+        return;
     siginfo_t info;
     memset(&info, 0, sizeof info);
-    if (waitid(P_PID, (id_t)sup->pid, &info, WSTOPPED | WNOHANG | WNOWAIT) != 0
-        || info.si_pid != sup->pid || info.si_code != CLD_STOPPED)
-        return 0;
-    (void)kill(sup->pid, SIGCONT);
-    return 1;
+    if (waitid(P_PID, (id_t)sup->pid, &info, WSTOPPED | WNOHANG | WNOWAIT) == 0
+        && info.si_pid == sup->pid && info.si_code == CLD_STOPPED)
+        (void)kill(sup->pid, SIGCONT);
 }
 
 /* One message; 1 read, 0 EOF (or a short record), -1 error (errno). */
@@ -496,7 +491,7 @@ pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err
     /*
      * LEADER (from the leader itself, before its exec), then SPAWNED or SPAWN_FAILED,
      * waited for here and nowhere else, so the loop never sees a start report.  Bounded:
-     * SPAWN_WAIT_MS for the supervisor to answer at all, looking every SUP_CHECK_NS
+     * SPAWN_WAIT_MS for the supervisor to answer at all, looking every BP_SUP_CHECK_NS
      * whether the command stopped it (then it is continued: bp__sup_revive); Ctrl-C (the
      * wake fd) or a cancel shortens what is left to 0.3 s.
      */
@@ -506,7 +501,7 @@ pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err
     int hurry[3] = {spec->wake_fd, spec->cancel_fd, spec->cancel_fd2};
     for (;;) {
         now = bp__now_ns();
-        int64_t slice = give_up - now < SUP_CHECK_NS ? give_up - now : SUP_CHECK_NS;
+        int64_t slice = give_up - now < BP_SUP_CHECK_NS ? give_up - now : BP_SUP_CHECK_NS;
         int ready = now >= give_up ? 0 : wait_readable_or(sup->sock, slice, hurry);
         if (ready == 2) {
             hurry[0] = hurry[1] = hurry[2] = -1;  /* readable until handled: poll it no more */
@@ -515,7 +510,7 @@ pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err
             continue;
         }
         if (ready == 0 && bp__now_ns() < give_up) {
-            (void)bp__sup_revive(sup);  /* silent so far: stopped by the command? */
+            bp__sup_revive(sup);  /* silent so far: stopped by the command? */
             continue;
         }
         struct bp_sup_msg m;
@@ -639,12 +634,12 @@ int bp__sup_reap(struct bp_run *run)
             sup_failed(run, BP_RUNNER_UNRESPONSIVE);
             break;
         }
-        if (left > SUP_CHECK_NS / 1000000)
-            left = SUP_CHECK_NS / 1000000;
+        if (left > BP_SUP_CHECK_NS / 1000000)
+            left = BP_SUP_CHECK_NS / 1000000;
         struct pollfd p[2] = {{sup->sock, POLLIN, 0}, {run->spec->wake_fd, POLLIN, 0}};
         int rc = poll(p, run->spec->wake_fd >= 0 ? 2 : 1, (int)left);
         if (rc == 0)
-            (void)bp__sup_revive(sup);  /* silent so far: stopped by the command? */
+            bp__sup_revive(sup);  /* silent so far: stopped by the command? */
         if (rc < 0 && errno != EINTR)
             break;
         if (rc > 0 && run->spec->wake_fd >= 0 && p[1].revents) {
@@ -735,10 +730,9 @@ void bp__sup_signal(struct bp_run *run, int sig)
     (void)sig;
 }
 
-int bp__sup_revive(struct bp_sup *sup)
+void bp__sup_revive(struct bp_sup *sup)
 {
     (void)sup;
-    return 0;
 }
 
 void bp__sup_event(struct bp_run *run)
