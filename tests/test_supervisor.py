@@ -3,6 +3,7 @@ starved or fooled by the run or its environment (SPEC 5, 9.2, 9.6)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -14,6 +15,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -133,6 +135,27 @@ def parent_killer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _parent_signaller(tmp_path_factory, "SIGKILL")
 
 
+@contextlib.contextmanager
+def starved_supervisors() -> Iterator[Callable[[], None]]:
+    """Busy processes on every CPU, and a function that makes this thread's supervisor
+    (started if there is none) run at nice 19 among them: the races a loaded machine loses
+    (the command acting before its supervisor reports the start) become likely."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(2 * (os.cpu_count() or 1))]
+
+    def starve() -> None:
+        assert run(["true"]).ok  # an idle supervisor of this thread, to renice
+        for pid in _native.supervisor_pids():
+            os.setpriority(os.PRIO_PROCESS, pid, 19)
+
+    try:
+        yield starve
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
 def test_supervisor_stopped_before_it_reports() -> None:
     """A command that stops its supervisor before the supervisor reported it started.
 
@@ -141,23 +164,15 @@ def test_supervisor_stopped_before_it_reports() -> None:
     supervisor is continued, so the result is exact.  The race is made likely here: the
     supervisor runs at nice 19 among busy processes.
     """
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(2 * (os.cpu_count() or 1))]
-    try:
+    with starved_supervisors() as starve:
         for _ in range(10):
-            assert run(["true"]).ok  # an idle supervisor of this thread, to renice
-            for pid in _native.supervisor_pids():
-                os.setpriority(os.PRIO_PROCESS, pid, 19)
+            starve()
             t = time.monotonic()
             r = run(["bash", "-c", "kill -STOP $PPID; exec sleep 30"], timeout=0.3,
                     drain_grace=0.2)
             took = time.monotonic() - t
             assert took < 0.3 + 0.2 + 2.0, (took, r.runner_error)
             assert (r.timed_out, r.exit_code, r.runner_error) == (True, 124, None), r
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
     assert _native.CONTAIN_SUPPORTED
     assert run(["echo", "ok"]).ok
 
@@ -165,7 +180,8 @@ def test_supervisor_stopped_before_it_reports() -> None:
 def test_ctrl_c_while_the_supervisor_is_stopped_before_it_reports(tmp_path: Path) -> None:
     """Ctrl-C while the supervisor, stopped by the command, has not reported the start yet:
     KeyboardInterrupt within a second or so, not after the 5 s the start may take, and
-    nothing left behind.  The race is made likely as in the test above."""
+    nothing left behind.  The race is made likely as starved_supervisors() does, here in a
+    child Python, whose main thread takes the SIGINT."""
     out = child_python(f"""
         import json, os, signal, subprocess, sys, threading, time
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -202,14 +218,10 @@ def test_ctrl_c_while_the_supervisor_is_stopped_before_it_reports(tmp_path: Path
 def test_cancel_while_the_supervisor_is_stopped_before_it_reports() -> None:
     """A Cancel set while the stopped supervisor has not reported the start: a cancelled
     result within a second or so, not after 5 s.  The race is made likely as above."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(2 * (os.cpu_count() or 1))]
     took = []
-    try:
+    with starved_supervisors() as starve:
         for _ in range(6):
-            assert run(["true"]).ok
-            for pid in _native.supervisor_pids():
-                os.setpriority(os.PRIO_PROCESS, pid, 19)
+            starve()
             switch = Cancel()
             threading.Timer(0.3, switch.cancel).start()
             t = time.monotonic()
@@ -218,10 +230,6 @@ def test_cancel_while_the_supervisor_is_stopped_before_it_reports() -> None:
             took.append(time.monotonic() - t)
             assert r.cancelled and r.exit_code == 137, r
             switch.close()
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
     assert max(took) < 0.3 + 1.5, took
 
 
