@@ -11,6 +11,7 @@ from boundedproc._native import (
     CANCEL_EXIT_CODE,
     DEADLINE_EXIT_CODE,
     SPAWN_FAILURE_EXIT_CODE,
+    containment_status,
 )
 from boundedproc._options import CAPTURE, DEVNULL, INHERIT, Limits, Stream
 from boundedproc._result import ProcessFailed, Result
@@ -32,6 +33,7 @@ __all__ = [
     "Result",
     "Stream",
     "__version__",
+    "containment_status",
     "run",
     "run_async",
     "run_many",

@@ -636,8 +636,9 @@ def test_supervisor_program_that_cannot_be_executed(tmp_path: Path) -> None:
     blocked.chmod(0o644)
     out = child_python(f"""
         import json, warnings
-        from boundedproc import Cancel, _native, run
+        from boundedproc import Cancel, _native, containment_status, run
         _native.SUPERVISOR_PATH = {str(blocked)!r}
+        before = containment_status()
         r = run(["echo", "hi"], contain=True)
         explicit = [r.spawned, r.exit_code, r.runner_error]
         with warnings.catch_warnings(record=True) as caught:
@@ -645,7 +646,7 @@ def test_supervisor_program_that_cannot_be_executed(tmp_path: Path) -> None:
             r = run(["echo", "hi"])
         print(json.dumps({{"explicit": explicit, "default": [r.ok, r.stdout.decode()],
                           "warned": [str(w.message) for w in caught],
-                          "status": _native.containment_status()}}))
+                          "status": [before, containment_status()]}}))
     """)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -656,3 +657,6 @@ def test_supervisor_program_that_cannot_be_executed(tmp_path: Path) -> None:
     assert data["default"] == [True, "hi\n"]
     assert len(data["warned"]) == 1 and "containment is off" in data["warned"][0]
     assert str(blocked) in data["warned"][0]
+    before, after = data["status"]
+    assert before == "available"
+    assert after.startswith("refused by this system") and "EACCES" in after, after
