@@ -2,11 +2,15 @@
 
 Decisions taken where SPEC section 4 is silent:
 
-- Blank lines are skipped. Keys other than ``id``, ``title``, ``rung``, ``check`` and ``expect``
-  are ignored, so a claims file may carry its own bookkeeping. A line that is not a JSON object,
-  lacks a string ``id`` or an integer ``rung`` from 1 to 5, has a non-string ``title``/``check``/
-  ``expect``, repeats an earlier ``id``, or is not UTF-8 is malformed: it is reported as
-  ``line N: ...`` on stderr, not graded, and makes the exit status 2.
+- Lines end at ``\\n`` only, as JSON Lines has it (a ``\\r`` before it is dropped): a raw
+  ``\\r`` inside a line is JSON whitespace, not a line break, so it neither splits a claim nor
+  shifts the line numbers of those after it. Blank lines are skipped. Keys other than ``id``,
+  ``title``, ``rung``, ``check`` and ``expect`` are ignored, so a claims file may carry its own
+  bookkeeping. A line that is not a JSON object (or is JSON this parser cannot hold: nested
+  too deeply, an integer of thousands of digits), lacks a string ``id`` or an integer ``rung``
+  from 1 to 5, has a non-string ``title``/``check``/``expect``, repeats an earlier ``id``, or is
+  not UTF-8 is malformed: it is reported as ``line N: ...`` on stderr, not graded, and makes the
+  exit status 2.
 - Checks run in an empty environment (bash then uses its built-in ``PATH``), the same for every
   machine that grades the file, with ``--cwd`` (default: the claims file's directory) as their
   working directory. ``--env-file FILE`` and ``--pass-env NAME`` put variables into that
@@ -169,6 +173,10 @@ def _parse_line(number: int, raw: bytes, seen: dict[str, int]) -> ClaimLine | st
         item: Any = json.loads(text)
     except json.JSONDecodeError as exc:
         return f"not valid JSON ({exc.msg} at column {exc.colno})"
+    except RecursionError:
+        return "not readable JSON (nested too deeply for this parser)"
+    except ValueError as exc:  # valid JSON Python refuses to hold, e.g. a 5,000-digit integer
+        return f"not readable JSON ({exc})"
     if not isinstance(item, dict):
         return f"expected a JSON object, got {type(item).__name__}"
     claim_id = item.get("id")
@@ -190,6 +198,14 @@ def _parse_line(number: int, raw: bytes, seen: dict[str, int]) -> ClaimLine | st
         title=item.get("title"),
         evidence=Evidence(rung=rung, check=item.get("check"), expect=item.get("expect")),
     )
+
+
+def _lines(data: bytes) -> list[bytes]:
+    """A claims file's lines: split at ``\\n`` only (a raw ``\\r`` is JSON whitespace)."""
+    lines = data.split(b"\n")
+    if lines and not lines[-1]:
+        lines.pop()  # the end of the last line, not a line of its own
+    return lines
 
 
 def parse_claims(lines: Iterable[bytes]) -> tuple[list[ClaimLine], list[str]]:
@@ -405,7 +421,7 @@ def grade_file(
     """
     if tmpdir and cwd is not None:
         raise ValueError("tmpdir=True gives every check a fresh directory: it cannot go with cwd=")
-    claims, errors = parse_claims(Path(path).read_bytes().splitlines())
+    claims, errors = parse_claims(_lines(Path(path).read_bytes()))
     workdir: str | None = None
     if not tmpdir:
         workdir = os.fspath(cwd) if cwd is not None else str(Path(path).resolve().parent)
@@ -419,6 +435,10 @@ def grade_file(
 def outcome_json(outcome: ClaimOutcome) -> str:
     """One output line: ``{id, verdict, reason, note, duplicate_of, exit_code, duration}``.
 
+    Text is written as it is (UTF-8), unless the line holds a lone surrogate, which no UTF-8
+    encodes (a claims file may spell one in an ``id``, as ``\\udcff``): that line is written
+    with ASCII escapes instead, the same JSON for any reader, so the output never fails.
+
     Args:
         outcome: The claim's outcome.
 
@@ -426,18 +446,21 @@ def outcome_json(outcome: ClaimOutcome) -> str:
         The JSON object, without a trailing newline.
     """
     grade = outcome.grade
-    return json.dumps(
-        {
-            "id": outcome.id,
-            "verdict": grade.verdict.value,
-            "reason": grade.reason.value if grade.reason is not None else None,
-            "note": grade.note,
-            "duplicate_of": grade.duplicate_of,
-            "exit_code": outcome.exit_code,
-            "duration": round(outcome.duration, 3),
-        },
-        ensure_ascii=False,
-    )
+    fields = {
+        "id": outcome.id,
+        "verdict": grade.verdict.value,
+        "reason": grade.reason.value if grade.reason is not None else None,
+        "note": grade.note,
+        "duplicate_of": grade.duplicate_of,
+        "exit_code": outcome.exit_code,
+        "duration": round(outcome.duration, 3),
+    }
+    line = json.dumps(fields, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(fields)
+    return line
 
 
 def _summary(outcomes: Sequence[ClaimOutcome], malformed: int, elapsed: float) -> str:
@@ -510,24 +533,73 @@ class _PrefixedEcho:
 
 
 class _Progress:
-    """A tqdm bar on a terminal when tqdm is installed (the ``cli`` extra); otherwise nothing."""
+    """Progress on ``stream`` when it is a terminal, and nothing otherwise.
+
+    A tqdm bar when tqdm is installed (the ``cli`` extra); without it, a plain
+    ``graded N/M claims`` counter redrawn in place, since the runtime needs nothing but cffi.
+    A terminal that reports no size (a fresh pty, as CI gives) gets a bar sized for 80 x 24:
+    with its own size detection tqdm draws nothing at all there. A stream that cannot be written
+    stops the progress, never the grading.
+    """
+
+    _FALLBACK_SIZE = (80, 24)
 
     def __init__(self, total: int, stream: IO[str]) -> None:
         self._bar: Any = None
-        if total and stream.isatty():
-            try:
-                tqdm = importlib.import_module("tqdm").tqdm
-            except ImportError:
-                return
-            self._bar = tqdm(total=total, file=stream, unit="claim", dynamic_ncols=True)
+        self._plain: IO[str] | None = None
+        self._total = total
+        self._done = 0
+        if not total or not stream.isatty():
+            return
+        try:
+            tqdm = importlib.import_module("tqdm").tqdm
+        except ImportError:
+            self._plain = stream
+            self._draw()
+            return
+        columns, lines = _terminal_size(stream)
+        sizing: dict[str, Any] = {"dynamic_ncols": True}
+        if not (columns > 0 and lines > 0):
+            # tqdm reads such a terminal as -1 x -1 and draws nothing, even when given ncols.
+            sizing = {"ncols": columns or self._FALLBACK_SIZE[0],
+                      "nrows": lines or self._FALLBACK_SIZE[1]}
+        self._bar = tqdm(total=total, file=stream, unit="claim", **sizing)
 
     def update(self, outcome: ClaimOutcome) -> None:
+        self._done += 1
         if self._bar is not None:
             self._bar.update(1)
+        elif self._plain is not None:
+            self._draw()
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+            self._bar = None
+        elif self._plain is not None:
+            self._write("\n")
+            self._plain = None
+
+    def _draw(self) -> None:
+        self._write(f"\rgraded {self._done}/{self._total} claims")
+
+    def _write(self, text: str) -> None:
+        if self._plain is None:
+            return
+        try:
+            self._plain.write(text)
+            self._plain.flush()
+        except (OSError, ValueError):  # closed, or its reader left: keep grading
+            self._plain = None
+
+
+def _terminal_size(stream: IO[str]) -> tuple[int, int]:
+    """(columns, lines) that ``stream``'s terminal reports; 0 for what it does not report."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # no fd (a test's stream), or not a tty
+        return 0, 0
+    return max(size.columns, 0), max(size.lines, 0)
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -866,7 +938,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     address: str | None = args.executor
     claims_path = Path(args.claims)
     try:
-        lines = claims_path.read_bytes().splitlines()
+        lines = _lines(claims_path.read_bytes())
     except OSError as exc:
         print(f"grader: cannot read {args.claims}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

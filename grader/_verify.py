@@ -119,6 +119,8 @@ def verify_gradeable_evidence(
     A check that bash really parsed and refused raises. A parse that did not run to completion
     (its deadline, a cancel, a missing bash, any runner failure, a signal) raises nothing: it is
     returned graded ``unrunnable``, because nothing was learned about the check's grammar. A
+    check that cannot reach bash at all (a NUL byte, or a lone surrogate such as ``\\ud800``,
+    which no bytes encode) is such a runner failure too: ``unrunnable``/``runner-failure``. A
     cancel that lands between the parse and the run is graded ``unrunnable``/``cancelled``.
 
     A claim below ``CHECKABLE_RUNG_THRESHOLD`` without a check is not run; it is returned with

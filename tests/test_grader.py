@@ -858,6 +858,27 @@ def test_verify_missing_bash_is_runner_failure(tmp_path: Path) -> None:
     assert (execution.runner_error or "").startswith("spawn failed: ")
 
 
+@pytest.mark.parametrize("check", ["cat results\ud800.txt", "wc -c < \udfff"])
+def test_verify_unencodable_check_is_runner_failure(tmp_path: Path, check: str) -> None:
+    """A check holding a lone surrogate (no bytes encode it) is graded runner-failure, not raised."""
+    verified = verify_gradeable_evidence(ev(check, "6"), cwd=tmp_path)
+    assert (verified.grade.verdict, verified.grade.reason) == (
+        Verdict.UNRUNNABLE,
+        Reason.RUNNER_FAILURE,
+    )
+    execution = verified.execution
+    assert execution is not None and not execution.spawned
+    assert (execution.runner_error or "").startswith("not spawned: ")
+
+
+def test_verify_surrogate_escaped_bytes_still_reach_bash(tmp_path: Path) -> None:
+    """A check holding surrogateescape'd bytes (U+DC80-U+DCFF) runs with those bytes."""
+    (tmp_path / os.fsdecode(b"r\xff.txt")).write_bytes(b"PARETO\n" * 3)
+    check = os.fsdecode(b"grep -c PARETO r\xff.txt")
+    verified = verify_gradeable_evidence(ev(check, "3"), cwd=tmp_path)
+    assert verified.grade.verdict is Verdict.VERIFIED
+
+
 def test_verify_missing_cwd_is_runner_failure(tmp_path: Path) -> None:
     """A working directory that does not exist is unrunnable/runner-failure."""
     verified = verify_gradeable_evidence(ev(), cwd=tmp_path / "absent")

@@ -124,6 +124,9 @@ def test_parse_claims_reads_well_formed_lines() -> None:
         (b'{"id": "x", "rung": 4, "check": ["ls"]}', "'check' must be a string or null"),
         (b'{"id": "x", "rung": 4, "expect": 6}', "'expect' must be a string or null"),
         (b'{"id": "x\xff", "rung": 4}', "not valid UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"id": "x", "rung": 4, "notes": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+         "nested too deeply"),
     ],
 )
 def test_parse_claims_reports_malformed_lines(line: bytes, message: str) -> None:
@@ -132,6 +135,30 @@ def test_parse_claims_reports_malformed_lines(line: bytes, message: str) -> None
     claims, errors = cli.parse_claims([good, line, good.replace(b'"ok"', b'"ok2"')])
     assert [c.id for c in claims] == ["ok", "ok2"]
     assert len(errors) == 1 and errors[0].startswith("line 2: ") and message in errors[0]
+
+
+def test_lines_end_at_newline_only(tmp_path: Path, fake: FakeVerify, capsys: Any) -> None:
+    """A raw CR inside a JSON line is JSON whitespace: the claim is read and line numbers hold."""
+    path = tmp_path / "claims.jsonl"
+    path.write_bytes(b'{"id": "a",\r "rung": 2}\nnot json\r\n{"id": "b",\r"rung": 2}\n')
+    assert cli.main([str(path)]) == 2
+    captured = capsys.readouterr()
+    assert [line["id"] for line in output_lines(captured.out)] == ["a", "b"]
+    assert [line for line in captured.err.splitlines() if line.startswith("line ")] == [
+        "line 2: not valid JSON (Expecting value at column 1)"
+    ]
+    graded = cli.grade_file(path)
+    assert [outcome.id for outcome in graded.outcomes] == ["a", "b"]
+    assert graded.errors == ["line 2: not valid JSON (Expecting value at column 1)"]
+
+
+def test_json_python_cannot_hold_is_a_malformed_line() -> None:
+    """A 5,000-digit rung (a ValueError from json on Python with a digit limit) is line 2's error."""
+    good = json.dumps(claim("ok")).encode()
+    huge = b'{"id": "x", "rung": ' + b"9" * 5000 + b"}"
+    claims, errors = cli.parse_claims([good, huge, good.replace(b'"ok"', b'"ok2"')])
+    assert [c.id for c in claims] == ["ok", "ok2"]
+    assert len(errors) == 1 and errors[0].startswith("line 2: ")
 
 
 def test_parse_claims_rejects_a_repeated_id() -> None:
@@ -213,6 +240,24 @@ def test_duplicates_are_flagged_in_the_output(
     cli.main([str(path)])
     lines = output_lines(capsys.readouterr().out)
     assert [line["duplicate_of"] for line in lines] == [None, "a", None]
+
+
+def test_lone_surrogates_never_crash_the_output(
+    tmp_path: Path, fake: FakeVerify, capsys: Any
+) -> None:
+    """An id with a lone surrogate (valid JSON) is written escaped, to --out and to stdout."""
+    line = '{"id": "s\\udcff\\ud800", "rung": 4, "check": "grep x f", "expect": "6"}'
+    path = write_claims(tmp_path, line, claim("b"))
+    out = tmp_path / "grades.jsonl"
+    assert cli.main([str(path), "--out", str(out)]) == 0
+    written = out.read_bytes().decode("utf-8")  # strict: nothing unencodable got through
+    assert [item["id"] for item in output_lines(written)] == ["s\udcff\ud800", "b"]
+    assert cli.main([str(path)]) == 0
+    printed = capsys.readouterr().out
+    printed.encode("utf-8")  # strict: raises if a lone surrogate reached stdout
+    assert [item["id"] for item in output_lines(printed)] == ["s\udcff\ud800", "b"]
+    readable = cli.outcome_json(cli.ClaimOutcome("caf\u00e9", Grade(Verdict.VERIFIED), 0, 0.0))
+    assert '"caf\u00e9"' in readable  # text that encodes stays as it is
 
 
 def test_summary_table_on_stderr(tmp_path: Path, fake: FakeVerify, capsys: Any) -> None:
@@ -340,8 +385,8 @@ def test_progress_bar_only_on_a_terminal() -> None:
         assert ("2/2" in stream.getvalue()) is drawn
 
 
-def test_no_progress_bar_without_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without tqdm installed the command line draws no bar, even on a terminal."""
+def test_plain_progress_without_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without tqdm a terminal still shows progress, a plain counter; a non-terminal nothing."""
     real_import = importlib.import_module
 
     def no_tqdm(name: str, *args: Any) -> Any:
@@ -350,11 +395,81 @@ def test_no_progress_bar_without_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
         return real_import(name, *args)
 
     monkeypatch.setattr(importlib, "import_module", no_tqdm)
-    stream = FakeTerminal()
-    bar = cli._Progress(3, stream)
-    bar.update(cli.ClaimOutcome("a", Grade(Verdict.VERIFIED), 0, 0.0))
-    bar.close()
-    assert stream.getvalue() == ""
+    outcome = cli.ClaimOutcome("a", Grade(Verdict.VERIFIED), 0, 0.0)
+    for stream, drawn in ((FakeTerminal(), True), (io.StringIO(), False)):
+        bar = cli._Progress(3, stream)
+        for _ in range(3):
+            bar.update(outcome)
+        bar.close()
+        assert ("3/3" in stream.getvalue()) is drawn
+        assert stream.getvalue().endswith("\n") is drawn
+
+
+def read_terminal(master: int, proc: subprocess.Popen[bytes], bound: float) -> bytes:
+    """Everything written to a pty's other end until the process exits (bounded)."""
+    import select
+
+    received = b""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every holder of the other end closed it
+                break
+            if not chunk:
+                break
+            received += chunk
+        elif proc.poll() is not None:
+            break
+    return received
+
+
+@pytest.mark.parametrize("with_tqdm", [True, False], ids=["tqdm", "no-tqdm"])
+def test_progress_on_a_terminal_that_reports_no_size(
+    tmp_path: Path, fake_tqdm_missing: Path, with_tqdm: bool
+) -> None:
+    """`python -m grader` with stderr on a fresh pty (0 columns, as in CI) shows progress."""
+    import pty
+
+    if with_tqdm:
+        pytest.importorskip("tqdm")
+    (tmp_path / "results.txt").write_text("PARETO\n")
+    path = write_claims(tmp_path, claim("a", expect="1"), claim("b", expect="1"))
+    env = importable_env()
+    if not with_tqdm:
+        env["PYTHONPATH"] = os.pathsep.join([str(fake_tqdm_missing), env["PYTHONPATH"]])
+    master, slave = pty.openpty()
+    try:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "grader", str(path), "--jobs", "1", "--timeout", "60"],
+                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave,
+            )
+        finally:
+            os.close(slave)  # the grader holds the only other end: EOF when it exits
+        try:
+            shown = read_terminal(master, proc, 120).decode("utf-8", "replace")
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    finally:
+        os.close(master)
+    assert proc.returncode == 0, shown
+    assert [line["verdict"] for line in output_lines(out.decode())] == ["verified"] * 2
+    assert "2/2" in shown, shown
+    assert "total" in shown
+
+
+@pytest.fixture
+def fake_tqdm_missing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory that, first on PYTHONPATH, makes `import tqdm` fail as if not installed."""
+    directory = tmp_path_factory.mktemp("no-tqdm")
+    (directory / "tqdm.py").write_text("raise ImportError(\"No module named 'tqdm'\")\n")
+    return directory
 
 
 # --- verify_claims -------------------------------------------------------------------------
