@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Union
 
-from boundedproc._options import entry
+from boundedproc._options import Unencodable, entry, text_entry
 
 __all__ = ["Command", "NotSpawned", "argv_of", "environment", "exec_paths", "text_arg"]
 
@@ -38,6 +38,7 @@ def argv_of(cmd: object, shell: object) -> list[bytes]:
     Raises:
         TypeError: ``cmd`` or ``shell`` of the wrong type.
         ValueError: a string without a shell, a vector with one, an empty vector.
+        UnencodableArgv: an entry no bytes encode (content: a result, not an error).
     """
     if isinstance(shell, str):
         shell_prog: str | None = shell or None
@@ -49,8 +50,11 @@ def argv_of(cmd: object, shell: object) -> list[bytes]:
         if shell_prog is None:
             raise ValueError("a string command needs shell=True or shell='bash'; "
                              "pass an argument vector to run without a shell")
-        return [shell_prog.encode("utf-8", "surrogateescape"), b"-c",
-                cmd.encode("utf-8", "surrogateescape")]
+        try:
+            return [text_entry(shell_prog, "the shell"), b"-c",
+                    text_entry(cmd, "the command string")]
+        except Unencodable as err:
+            raise UnencodableArgv(err, [shell_prog, "-c", cmd]) from None
     if isinstance(cmd, (bytes, bytearray, memoryview)):
         raise TypeError("cmd must be a str (with a shell) or a sequence of arguments, not bytes")
     if isinstance(cmd, (list, tuple, Sequence)) or hasattr(cmd, "__iter__"):
@@ -58,13 +62,34 @@ def argv_of(cmd: object, shell: object) -> list[bytes]:
             raise ValueError("an argument vector runs without a shell: "
                              "pass a string to run it with shell=")
         # str and bytes first, without naming the entry: the name is for an error only
-        args = [a.encode("utf-8", "surrogateescape") if type(a) is str
-                else a if type(a) is bytes else entry(a, f"cmd[{i}]")
-                for i, a in enumerate(cmd)]
+        try:
+            args = [a.encode("utf-8", "surrogateescape") if type(a) is str
+                    else a if type(a) is bytes else entry(a, f"cmd[{i}]")
+                    for i, a in enumerate(cmd)]
+        except UnicodeEncodeError:
+            entries = list(cmd)
+            for i, a in enumerate(entries):
+                try:
+                    entry(a, f"cmd[{i}]")
+                except Unencodable as err:
+                    raise UnencodableArgv(err, entries) from None
+            raise  # pragma: no cover - the loop finds what the comprehension hit
         if not args:
             raise ValueError("cmd is an empty argument vector")
         return args
     raise TypeError(f"cmd must be a str or a sequence, not {type(cmd).__name__}")
+
+
+class UnencodableArgv(Unencodable):
+    """An argument vector with an entry no bytes encode; ``argv`` is the vector as bytes
+    (that entry encoded with surrogatepass), for the result's ``args``."""
+
+    def __init__(self, err: Unencodable, entries: Sequence[object]) -> None:
+        ValueError.__init__(self, err.why)
+        self.why = err.why
+        self.lossy = err.lossy
+        self.argv = [a.encode("utf-8", "surrogatepass") if isinstance(a, str)
+                     else entry(a, "cmd") for a in entries]
 
 
 def check_content(args: Sequence[bytes], cwd: bytes | None) -> NotSpawned | None:

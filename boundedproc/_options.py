@@ -240,12 +240,46 @@ class Options:
     first_signal: int = signal.SIGTERM
     new_session: bool = True
     kill_grace_never: bool = False  # escalate only after the leader exits (timeout(1))
+    not_spawned: str | None = None  # content no process can get (Unencodable's text)
+
+
+class Unencodable(ValueError):
+    """A ``str`` that no bytes encode: a lone surrogate other than U+DC80-U+DCFF (which
+    surrogateescape maps back to the bytes they stand for), as a JSON file can spell it.
+
+    Content, not a caller bug: like a NUL byte it cannot reach a process, so ``run()``
+    returns a ``not spawned: `` result with this text.  ``lossy`` is the value encoded with
+    surrogatepass, for the result's ``args``.
+    """
+
+    def __init__(self, what: str, value: str, err: UnicodeEncodeError) -> None:
+        super().__init__(f"{what} contains a lone surrogate (U+{ord(value[err.start]):04X}), "
+                         "which no bytes encode")
+        self.why = str(self)
+        self.lossy = value.encode("utf-8", "surrogatepass")
+
+
+def text_entry(value: str, what: str) -> bytes:
+    """``value`` as UTF-8 with surrogateescape.
+
+    Raises:
+        Unencodable: ``value`` holds a lone surrogate no bytes encode.
+    """
+    try:
+        return value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as err:
+        raise Unencodable(what, value, err) from None
 
 
 def entry(value: object, what: str) -> bytes:
-    """An argv entry, path or env string as bytes (``str`` with surrogateescape)."""
+    """An argv entry, path or env string as bytes (``str`` with surrogateescape).
+
+    Raises:
+        TypeError: not a str, bytes or path.
+        Unencodable: a str no bytes encode.
+    """
     if isinstance(value, str):
-        return value.encode("utf-8", "surrogateescape")
+        return text_entry(value, what)
     if isinstance(value, bytes):
         return value
     if isinstance(value, os.PathLike):
@@ -347,10 +381,14 @@ def _validate(*, timeout: object, max_output: object, on_overflow: object, stdin
 
     payload = b""
     stdin_fd = -1
+    unencodable: str | None = None
     if stdin is None:
         pass
     elif isinstance(stdin, str):
-        payload = stdin.encode("utf-8")
+        try:
+            payload = stdin.encode("utf-8")
+        except UnicodeEncodeError as err:
+            unencodable = Unencodable("stdin", stdin, err).why
     elif isinstance(stdin, (bytes, bytearray, memoryview)):
         payload = bytes(stdin)
     elif stdin is DEVNULL:
@@ -368,7 +406,10 @@ def _validate(*, timeout: object, max_output: object, on_overflow: object, stdin
         raise ValueError("merge_stderr=True sends stderr where stdout goes: "
                          "it cannot go with stderr=")
 
-    cwd_b = None if cwd is None else entry(cwd, "cwd")
+    try:
+        cwd_b = None if cwd is None else entry(cwd, "cwd")
+    except Unencodable as err:
+        cwd_b, unencodable = err.lossy, unencodable or err.why
     if env is not None and not isinstance(env, Mapping):
         raise TypeError(f"env must be a mapping or None, not {type(env).__name__}")
     if cancel is not None and not isinstance(cancel, Cancel):
@@ -424,4 +465,5 @@ def _validate(*, timeout: object, max_output: object, on_overflow: object, stdin
         group=group,  # type: ignore[arg-type]
         tmpdir=bool(tmpdir),
         check=bool(check),
+        not_spawned=unencodable,
     )

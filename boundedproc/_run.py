@@ -30,6 +30,7 @@ from boundedproc._options import (
     OutputCallback,
     StdinSource,
     StdioTarget,
+    Unencodable,
     grace_ns,
     to_ns,
     validate,
@@ -86,12 +87,21 @@ def prepare(cmd: object, shell: object, options: Options) -> Prepared:
     Raises:
         TypeError, ValueError: a caller bug in ``cmd``, ``shell`` or ``env``.
     """
-    args = _command.argv_of(cmd, shell)
-    items = _command.env_items(options.env)
+    unencodable: str | None = options.not_spawned
+    try:
+        args = _command.argv_of(cmd, shell)
+    except _command.UnencodableArgv as err:
+        args, unencodable = err.argv, err.why
+    try:
+        items = _command.env_items(options.env)
+    except Unencodable as err:
+        items, unencodable = [], unencodable or err.why
     also_cancel = ALSO_CANCEL.get()
     if (options.cancel is not None and options.cancel.cancelled) or (
             also_cancel is not None and also_cancel.cancelled):
         return Prepared(args, options, None, "cancelled before spawn", cancelled=True)
+    if unencodable is not None:
+        return Prepared(args, options, None, unencodable)
     bad = _command.check_content(args, options.cwd)
     if bad is not None:
         return Prepared(args, options, None, bad.why)

@@ -453,6 +453,25 @@ def test_nul_bytes_are_returned_not_raised() -> None:
         assert r.runner_error.startswith("not spawned: ")
 
 
+@pytest.mark.parametrize("cmd, kwargs, what", [
+    (["echo", "a\ud800"], {}, "cmd[1]"),
+    ("echo \udfff", {"shell": True}, "the command string"),
+    (["echo"], {"env": {"A": "\ud800"}}, "env['A']"),
+    (["echo"], {"env": {"\ud800": "x"}}, "env key"),
+    (["echo"], {"cwd": "/tmp/\ud800"}, "cwd"),
+    (["cat"], {"stdin": "\ud800"}, "stdin"),
+])
+def test_lone_surrogates_are_returned_not_raised(cmd: object, kwargs: dict[str, object],
+                                                 what: str) -> None:
+    """A str no bytes encode (a lone surrogate, as a JSON file can spell it) cannot reach a
+    process, as a NUL byte cannot: a `not spawned:` result that names where it was."""
+    r = run(cmd, **kwargs)  # type: ignore[call-overload]
+    assert (r.spawned, r.exit_code) == (False, 127)
+    assert r.runner_error.startswith(f"not spawned: {what} contains a lone surrogate"), \
+        r.runner_error
+    assert r.args  # what would have run, for the report
+
+
 def test_e2big_is_returned() -> None:
     """An argument over the kernel's limit is `spawn failed: E2BIG`, not an exception."""
     r = run(["echo", "x" * (1 << 20)])
