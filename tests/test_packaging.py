@@ -1,4 +1,5 @@
-"""The built package: the supervisor program beside the core, the console scripts, --version."""
+"""The built package: the supervisor program beside the core, the console scripts, --version,
+the distribution's metadata and what MANIFEST.in puts in the sdist."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import importlib.metadata
 import os
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 
 import pytest
 from conftest import importable_env
@@ -39,3 +42,69 @@ def test_console_scripts() -> None:
     scripts = {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
     assert scripts["boundedproc"] == "boundedproc.__main__:main"
     assert scripts["boundedproc-grade"] == "grader._cli:main"
+    assert scripts["boundedproc-timeout"] == "boundedproc.timeout:main"
+
+
+@pytest.mark.parametrize(("script", "banner"), [
+    ("boundedproc", "boundedproc"),
+    ("boundedproc-grade", "boundedproc"),
+    ("boundedproc-timeout", "boundedproc-timeout (boundedproc)"),
+])
+def test_console_script_version(script: str, banner: str) -> None:
+    """Each console script installed beside this Python runs and prints the version."""
+    path = os.path.join(sysconfig.get_path("scripts"), script)
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"{script} is not installed beside {sys.executable}")
+    version = importlib.metadata.version("boundedproc")  # the script runs the installed package
+    proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"{banner} {version}\n", "")
+
+
+def test_metadata() -> None:
+    """The installed metadata: MIT with its LICENSE, typed, Python 3.10 to 3.13 (SPEC 9.7)."""
+    try:
+        meta = importlib.metadata.metadata("boundedproc")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("boundedproc is not installed (an in-place build has no metadata)")
+    assert meta["License-Expression"] == "MIT"
+    assert meta.get_all("License-File") == ["LICENSE"]
+    assert meta["Requires-Python"] == ">=3.10"
+    classifiers = set(meta.get_all("Classifier") or [])
+    wanted = {"Typing :: Typed",
+              *(f"Programming Language :: Python :: 3.{minor}" for minor in range(10, 14))}
+    assert wanted <= classifiers, wanted - classifiers
+
+
+def _manifest_files(manifest: Path) -> set[str]:
+    """The files under the current directory that setuptools' reading of manifest takes."""
+    egg_info = pytest.importorskip("setuptools.command.egg_info")
+    files = egg_info.FileList()
+    files.findall()  # relative names, as the patterns are
+    for line in manifest.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            files.process_template_line(line)
+    return set(files.files)
+
+
+def test_sdist_takes_sources_and_no_caches(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """MANIFEST.in takes the build and test sources, not build products or tool caches."""
+    manifest = Path(__file__).resolve().parent.parent / "MANIFEST.in"
+    if not manifest.is_file():
+        pytest.skip("not run from a source tree: no MANIFEST.in beside tests/")
+    wanted = {"LICENSE", "README.md", "CHANGELOG.md", "mkdocs.yml", "csrc/build_ffi.py", "csrc/bp.h",
+              "csrc/spawn.c", "boundedproc/py.typed", "boundedproc/_bp.pyi", "grader/py.typed",
+              "tests/conftest.py", "tests/typing/user_code.py", "examples/claims.jsonl",
+              "benchmarks/floor.c", "docs/index.md"}
+    unwanted = {"boundedproc/_bp.c", "boundedproc/_bp_supervisor", "boundedproc/_bp.abi3.so",
+                "csrc/spawn.o", "tests/__pycache__/conftest.cpython-311-pytest-8.pyc",
+                "tests/.hypothesis/examples/0a/1b", "tests/.pytest_cache/v/cache/lastfailed",
+                "tests/typing/.mypy_cache/3.11/user_code.data.json",
+                "examples/humaneval/.ruff_cache/0.6.0/123"}
+    for name in wanted | unwanted:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert _manifest_files(manifest) == wanted
