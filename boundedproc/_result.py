@@ -121,6 +121,10 @@ class ProcessFailed(Exception):
         self.result = result
         super().__init__(describe(result, stderr_lines=5))
 
+    def __reduce__(self) -> tuple[type[ProcessFailed], tuple[Result[bytes] | Result[str]]]:
+        # Exception pickles its message as the argument; ours is made from the result.
+        return type(self), (self.result,)
+
 
 def describe(result: Result[bytes] | Result[str], stderr_lines: int = 0) -> str:
     """One line saying how a run ended, for messages and logs.

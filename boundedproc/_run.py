@@ -347,7 +347,7 @@ def run(
     """
     started = time.monotonic()
     if unknown:
-        raise _unknown_keyword(unknown)
+        raise unknown_keyword(unknown)
     options = validate(
         timeout=timeout, max_output=max_output, on_overflow=on_overflow, stdin=stdin, cwd=cwd,
         env=env, env_mode=env_mode, merge_stderr=merge_stderr, text=text, cancel=cancel,
@@ -377,12 +377,13 @@ _SUBPROCESS_KEYWORDS = {
 }
 
 
-def _unknown_keyword(unknown: Mapping[str, object]) -> TypeError:
+def unknown_keyword(unknown: Mapping[str, object], function: str = "run") -> TypeError:
+    """The error for keywords ``function`` does not take (subprocess's named with ours)."""
     name = min(unknown)
     hint = _SUBPROCESS_KEYWORDS.get(name)
     if hint is not None:
-        return TypeError(f"run() got subprocess's keyword {name!r}: boundedproc uses {hint}")
-    return TypeError(f"run() got an unexpected keyword argument {name!r}")
+        return TypeError(f"{function}() got subprocess's keyword {name!r}: boundedproc uses {hint}")
+    return TypeError(f"{function}() got an unexpected keyword argument {name!r}")
 
 
 def _make(text: bool, stdout: bytes, stderr: bytes, **fields: Any) -> AnyResult:

@@ -75,7 +75,7 @@ from boundedproc._options import (
     StdioTarget,
 )
 from boundedproc._result import AnyResult, Result
-from boundedproc._run import run
+from boundedproc._run import run, unknown_keyword
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -133,7 +133,8 @@ def _validate(cmd: Any, options: dict[str, Any]) -> AnyResult:
         _dry_switch = switch
     token = ALSO_CANCEL.set(_dry_switch)
     try:
-        return run(cmd, **options)
+        # check=False: the dry result is not spawned, and check=True would raise it
+        return run(cmd, **{**options, "check": False})
     finally:
         ALSO_CANCEL.reset(token)
 
@@ -287,6 +288,8 @@ async def run_async(
             cancel during that short wait does not abandon it).  The caller's
             own ``cancel=`` switch is left untouched.
     """
+    if unknown:
+        raise unknown_keyword(unknown, "run_async")
     options: dict[str, Any] = dict(
         shell=shell, timeout=timeout, max_output=max_output, on_overflow=on_overflow,
         stdin=stdin, cwd=cwd, env=env, env_mode=env_mode, merge_stderr=merge_stderr, text=text,
@@ -570,6 +573,8 @@ def run_many(
             by the iterator at that command's position: every earlier
             command's result is yielded first and no later command is started.
     """
+    if unknown:
+        raise unknown_keyword(unknown, "run_many")
     options: dict[str, Any] = dict(
         shell=shell, timeout=timeout, max_output=max_output, on_overflow=on_overflow,
         stdin=stdin, cwd=cwd, env=env, env_mode=env_mode, merge_stderr=merge_stderr, text=text,

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -525,6 +528,34 @@ def test_result_is_frozen_and_check_raises() -> None:
     with pytest.raises(ProcessFailed) as info:
         bad.check()
     assert info.value.result is bad
+
+
+def test_check_true_raises_a_message_a_user_can_read() -> None:
+    """run(check=True) is run().check(); ProcessFailed quotes the command with shlex.join,
+    ends with the last lines of stderr, and survives pickling (a process pool sends it)."""
+    assert run(["true"], check=True).ok
+    cmd = ["sh", "-c", "for i in 1 2 3 4 5 6 7; do echo line$i >&2; done; exit 3", "a b"]
+    with pytest.raises(ProcessFailed) as info:
+        run(cmd, check=True)
+    message = str(info.value)
+    assert message.splitlines()[0] == f"{shlex.join(cmd)}: exit 3"
+    assert [m.strip() for m in message.splitlines()[1:]] == [f"line{i}" for i in range(3, 8)]
+    assert info.value.result.exit_code == 3
+    again = pickle.loads(pickle.dumps(info.value))
+    assert type(again) is ProcessFailed and again.result == info.value.result
+    assert str(again) == message
+
+
+@pytest.mark.parametrize("keyword, hint", [
+    ("input", "stdin="), ("capture_output", "captured by default"),
+    ("universal_newlines", "text=True"), ("preexec_fn", "limits="),
+])
+def test_subprocess_keywords_name_the_equivalent(keyword: str, hint: str) -> None:
+    """A keyword of subprocess.run is a TypeError that names boundedproc's equivalent."""
+    with pytest.raises(TypeError, match=re.escape(hint)):
+        run(["true"], **{keyword: b"x"})  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tiemout'"):
+        run(["true"], tiemout=1)  # type: ignore[call-overload]
 
 
 def test_text_mode_replaces_invalid_utf8() -> None:

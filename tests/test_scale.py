@@ -17,7 +17,7 @@ import psutil
 import pytest
 from conftest import wait_dead
 
-from boundedproc import CANCEL_EXIT_CODE, Cancel, Job, Result
+from boundedproc import CANCEL_EXIT_CODE, Cancel, Job, ProcessFailed, Result
 from boundedproc._scale import run_async, run_many
 
 PY = sys.executable
@@ -529,3 +529,24 @@ def test_run_many_and_run_async_take_exactly_runs_keywords() -> None:
     assert keywords(run_async) == mine
     assert keywords(run_many) == {"progress": False, **mine}
     assert set(JobOptions.__annotations__) == set(mine) - {"text"}
+
+
+def test_check_true_in_run_many_and_run_async() -> None:
+    """check=True raises the failed run's ProcessFailed in its turn, and only for it (the
+    dry validation of each command never raises its own not-spawned result)."""
+    it = run_many([["true"], ["sh", "-c", "exit 4"], ["true"]], jobs=2, check=True)
+    assert next(it).ok
+    with pytest.raises(ProcessFailed) as info:
+        next(it)
+    assert info.value.result.exit_code == 4
+    assert asyncio.run(run_async(["true"], check=True)).ok
+    with pytest.raises(ProcessFailed):
+        asyncio.run(run_async(["false"], check=True))
+
+
+def test_unknown_keyword_names_the_function() -> None:
+    """A misspelt or subprocess-only keyword is reported as run_many's or run_async's."""
+    with pytest.raises(TypeError, match=r"run_many\(\) got an unexpected keyword argument 'tiemout'"):
+        run_many([["true"]], tiemout=1)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match=r"run_async\(\) got subprocess's keyword 'input'"):
+        asyncio.run(run_async(["true"], input=b"x"))  # type: ignore[call-overload]
