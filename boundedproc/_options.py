@@ -172,11 +172,19 @@ def grace_ns(value: float) -> int:
     return _MAX_NS if value * 1e9 >= _MAX_NS else int(value * 1e9)
 
 
+#: What a stream target that is no open fd becomes: the largest C int, which no
+#: process can have open (Linux caps fds below it), so the core's copy of it
+#: fails with EBADF and the run is a ``spawn failed: EBADF`` result.
+NOT_AN_FD = 2**31 - 1
+
+
 def stdio_fd(name: str, value: object) -> int:
     """The core's fd for a stream target: -1 for ``CAPTURE``, else the child's fd.
 
     ``DEVNULL`` is returned as ``-2`` and ``INHERIT`` as ``-3``; the caller
-    turns them into fds (the caller's own 0-2, an open ``/dev/null``).
+    turns them into fds (the caller's own 0-2, an open ``/dev/null``).  An fd
+    past a C int, or a file object whose ``fileno()`` fails (a closed file),
+    is ``NOT_AN_FD``: content, reported in the result like a closed fd.
 
     Raises:
         TypeError: a wrong type, or one of subprocess's constants.
@@ -196,16 +204,16 @@ def stdio_fd(name: str, value: object) -> int:
             raise TypeError(f"{name}={value} is {_SUBPROCESS_CONSTANTS[value]}")
         if value < 0:
             raise ValueError(f"{name} must be a file descriptor >= 0, not {value}")
-        return value
+        return min(value, NOT_AN_FD)
     fileno = getattr(value, "fileno", None)
     if callable(fileno):
         try:
             fd = fileno()
-        except (OSError, ValueError) as err:  # closed file objects raise ValueError
-            raise ValueError(f"{name}: {value!r} has no usable fileno(): {err}") from None
+        except (OSError, ValueError):  # a closed file object raises ValueError
+            return NOT_AN_FD
         if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
             raise ValueError(f"{name}: {value!r}.fileno() returned {fd!r}")
-        return fd
+        return min(fd, NOT_AN_FD)
     raise TypeError(f"{name} must be CAPTURE, DEVNULL, INHERIT, an fd or an object with "
                     f"fileno(), not {type(value).__name__}")
 

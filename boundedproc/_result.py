@@ -38,8 +38,9 @@ class Result(Generic[OutputT]):
         pid: The leader's pid, ``None`` when nothing was spawned.
         duration: Seconds from the call to the return (monotonic clock).
         output_bytes: Bytes read from both streams, kept and discarded.
-        user_time: The leader's user CPU seconds (``wait4``).
-        system_time: The leader's system CPU seconds (``wait4``).
+        user_time: User CPU seconds of every process of the run that was
+            reaped (``wait4``; see below).
+        system_time: System CPU seconds of the same processes.
         max_rss: The largest peak resident set, in bytes, of the processes
             ``user_time`` covers.  On Linux an uncontained leader's is at least
             the caller's resident size at spawn time: the child runs in the

@@ -24,6 +24,7 @@ from boundedproc._options import (
     DEFAULT_MAX_OUTPUT,
     DEFAULT_TIMEOUT,
     NO_LIMITS,
+    NOT_AN_FD,
     Keep,
     Limits,
     Options,
@@ -409,8 +410,21 @@ def _not_spawned(prepared: Prepared, started: float) -> AnyResult:
     )
 
 
+def _unusable_stream(options: Options) -> str | None:
+    """Which ``stdout=``/``stderr=`` target is no open fd (named for the error), if one is."""
+    for name, fd in (("stdout", options.stdout_fd), ("stderr", options.stderr_fd)):
+        if fd == NOT_AN_FD:
+            return f"{name} (not an open fd)"
+        if fd >= 0:
+            try:
+                os.fstat(fd)
+            except OSError:
+                return f"{name} fd {fd}"
+    return None
+
+
 def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes | None,
-                  payload_len: int) -> str | None:
+                  options: Options) -> str | None:
     if out.runner_failure:
         return f"runner failed: {out.runner_failure}"
     if out.err_stage:
@@ -419,6 +433,8 @@ def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes 
         why = os.strerror(out.err_errno)
         if stage == "chdir":
             target = f"cwd {text_arg(cwd or b'')!r}"
+        elif stage == "dup2" and (stream := _unusable_stream(options)) is not None:
+            target = f"{stream} for {text_arg(args[0])!r}"
         elif stage == "execve":
             target = f"program {text_arg(args[0])!r}"
         elif stage == "supervisor":
@@ -428,8 +444,8 @@ def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes 
         prefix = "runner failed" if out.spawned else "spawn failed"
         return f"{prefix}: {name} ({why}): {target}"
     if out.spawned and not out.stdin_delivered:
-        return (f"stdin not delivered: {out.stdin_written} of {payload_len} bytes written "
-                "before the command stopped reading")
+        return (f"stdin not delivered: {out.stdin_written} of {len(options.payload)} bytes "
+                "written before the command stopped reading")
     return None
 
 
@@ -446,8 +462,7 @@ def _to_result(out: _native.NativeOutcome, prepared: Prepared, started: float) -
         spawned=out.spawned,
         stdin_delivered=out.stdin_delivered,
         runner_error=_runner_error(out, prepared.args,
-                                   prepared.spec.cwd if prepared.spec else opts.cwd,
-                                   len(opts.payload)),
+                                   prepared.spec.cwd if prepared.spec else opts.cwd, opts),
         term_signal=out.term_signal or None,
         pid=out.pid if out.spawned else None,
         duration=time.monotonic() - started,

@@ -292,16 +292,25 @@ int bp__spawn(struct bp_run *run)
     int child[3] = {-1, -1, -1}, ours[3] = {-1, -1, -1};
     int stage = 0;
     int merged = spec->merge_stderr && spec->stderr_fd == -1;
-    if (stream_end(spec->stdin_fd, 1, 1, &child[0], &ours[0], &stage) < 0
-        || stream_end(spec->stdout_fd, 1, 0, &child[1], &ours[1], &stage) < 0
-        || stream_end(spec->stderr_fd, !merged, 0, &child[2], &ours[2], &stage) < 0) {
-        int e = errno;
+    const int given[3] = {spec->stdin_fd, spec->stdout_fd, spec->stderr_fd};
+    const int want_pipe[3] = {1, 1, !merged};
+    /* The caller's own fds are copied before we make any fd of our own: a fd
+     * the caller closed would otherwise be refused only after a pipe of ours
+     * took its number, and the child would get that pipe in its place. */
+    for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < 3; i++) {
-            bp__close_fd(&child[i]);
-            bp__close_fd(&ours[i]);
+            if ((given[i] >= 0) != (pass == 0))
+                continue;
+            if (stream_end(given[i], want_pipe[i], i == 0, &child[i], &ours[i], &stage) < 0) {
+                int e = errno;
+                for (int j = 0; j < 3; j++) {
+                    bp__close_fd(&child[j]);
+                    bp__close_fd(&ours[j]);
+                }
+                bp__spawn_failed(run, stage, e);
+                return 0;
+            }
         }
-        bp__spawn_failed(run, stage, e);
-        return 0;
     }
     if (merged && child[1] >= 0 && (child[2] = dup_for_child(child[1])) < 0) {
         int e = errno;

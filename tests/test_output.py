@@ -375,6 +375,38 @@ def test_fd_target_gets_the_output_uncounted(tmp_path: Path) -> None:
     assert sorted(target.read_bytes().splitlines()) == [b"to-err", b"to-out"]
 
 
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_closed_fd_target_is_a_spawn_failure(stream: str) -> None:
+    """A closed fd as a target is `spawn failed: EBADF`, never one of the runner's own fds."""
+    fd = os.open(os.devnull, os.O_WRONLY)
+    os.close(fd)  # its number is now the lowest free one: the core's next pipe would get it
+    r = run([PY, "-c", "print('lost')"], timeout=30, **{stream: fd})  # type: ignore[call-overload]
+    assert not r.spawned and r.exit_code == 127
+    assert r.runner_error is not None and r.runner_error.startswith("spawn failed: EBADF")
+    assert f"{stream} fd {fd}" in r.runner_error
+
+
+def test_closed_file_object_target_is_a_spawn_failure(tmp_path: Path) -> None:
+    """A closed file object as a target is a closed fd: `spawn failed: EBADF`, not raised."""
+    f = (tmp_path / "out").open("wb")
+    f.close()
+    r = run(["echo", "x"], stdout=f, timeout=30)
+    assert (r.spawned, r.exit_code) == (False, 127)
+    assert r.runner_error is not None and r.runner_error.startswith("spawn failed: EBADF")
+    assert "stdout (not an open fd)" in r.runner_error
+
+
+@pytest.mark.parametrize("fd", [10_000, 2**31, 2**64])
+def test_invalid_fd_target_is_a_spawn_failure_and_a_wrong_type_a_type_error(fd: int) -> None:
+    """An fd no process has open, even past a C int, is a returned EBADF result; a float
+    target is a TypeError."""
+    r = run(["echo", "x"], stdout=fd, timeout=30)
+    assert not r.spawned and r.exit_code == 127 and r.runner_error is not None
+    assert r.runner_error.startswith("spawn failed: EBADF")
+    with pytest.raises(TypeError):
+        run(["echo", "x"], stderr=1.5, timeout=30)  # type: ignore[call-overload]
+
+
 def test_inherit_passes_output_straight_through(capfd: pytest.CaptureFixture[str]) -> None:
     """INHERIT: the command writes to the caller's own fds 1 and 2; nothing is counted."""
     r = run(["sh", "-c", "echo inherited-out; echo inherited-err >&2"], stdout=INHERIT,
