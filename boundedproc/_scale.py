@@ -392,6 +392,9 @@ class Job:
         return (_job, (self.cmd, dict(self.options)))
 
 
+_JOB_KEYWORDS = frozenset(JobOptions.__annotations__)
+
+
 def _job(cmd: Command, options: dict[str, Any]) -> Job:
     """Unpickle a ``Job`` (its read-only options mapping cannot be pickled as is)."""
     return Job(cmd, **options)
@@ -412,6 +415,9 @@ def _per_command(item: Any, options: dict[str, Any]) -> tuple[Any, dict[str, Any
         if "text" in own:
             raise TypeError("Job(text=...): text is shared by every result of one run_many; "
                             "pass it to run_many")
+        unknown = own.keys() - _JOB_KEYWORDS
+        if unknown:
+            raise unknown_keyword(dict.fromkeys(unknown), "Job")
         item = item.cmd
     cmd = _one_shot(item)
     if not isinstance(cmd, str) and options.get("shell") and "shell" not in own:

@@ -550,3 +550,11 @@ def test_unknown_keyword_names_the_function() -> None:
         run_many([["true"]], tiemout=1)  # type: ignore[call-overload]
     with pytest.raises(TypeError, match=r"run_async\(\) got subprocess's keyword 'input'"):
         asyncio.run(run_async(["true"], input=b"x"))  # type: ignore[call-overload]
+
+
+def test_misspelt_job_option_is_the_jobs_error_in_its_turn() -> None:
+    """A Job's misspelt keyword is raised as Job()'s when run_many reaches it."""
+    it = run_many([["true"], Job(["true"], tiemout=1)], jobs=2)  # type: ignore[call-arg]
+    assert next(it).ok
+    with pytest.raises(TypeError, match=r"Job\(\) got an unexpected keyword argument 'tiemout'"):
+        next(it)
