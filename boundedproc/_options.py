@@ -339,8 +339,9 @@ def validate(
         plain = (timeout, max_output, on_overflow, cwd, env_mode, merge_stderr, text,
                  kill_grace, drain_grace, contain, keep, stdout, stderr, user, group, tmpdir,
                  check)
-        if all(type(v) in _PLAIN for v in plain):
-            key = tuple((type(v), v) for v in plain)
+        types = tuple(map(type, plain))  # in the key: 1 and True and 1.0 are equal
+        if _PLAIN.issuperset(types):
+            key = (*plain, *types)
             known = _validated.get(key)
             if known is not None:
                 return known

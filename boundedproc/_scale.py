@@ -53,15 +53,17 @@ import contextlib
 import errno
 import importlib
 import os
+import queue
 import sys
 import threading
 import types
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
+from boundedproc import _command
 from boundedproc._cancel import ALSO_CANCEL, Cancel
 from boundedproc._command import Command, StrOrBytesPath
 from boundedproc._options import (
@@ -611,14 +613,61 @@ def _progress_bar(total: int | None) -> Any:
     return tqdm(total=total, file=sys.stderr, unit="cmd", dynamic_ncols=True)
 
 
+class _Slot:
+    """One command's place in ``run_many``'s window: its result (or the exception
+    its run raised) once ``done`` is released by the worker that ran it."""
+
+    __slots__ = ("done", "error", "result")
+
+    def __init__(self) -> None:
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.result: AnyResult | None = None
+        self.error: BaseException | None = None
+
+    def take(self) -> AnyResult:
+        """Wait for the run (Ctrl-C can interrupt the wait) and return its result."""
+        self.done.acquire()
+        self.done.release()  # taken: a second take() does not block
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+def _work(tasks: queue.SimpleQueue[tuple[_Slot, Any, dict[str, Any]] | None],
+          switch: Cancel) -> None:
+    """A ``run_many`` worker: run the tasks it is given until it gets ``None``.
+
+    The call's switch is set once for the thread (executors do not copy
+    contextvars, and a thread of ours has nothing else to run)."""
+    ALSO_CANCEL.set(switch)
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        slot, cmd, options = task
+        try:
+            slot.result = run(cmd, **options)
+        except BaseException as err:  # noqa: BLE001  raised by the consumer, in its turn
+            slot.error = err
+        finally:
+            slot.done.release()
+
+
 def _many(source: Iterator[Command | Job], jobs: int, progress: bool, total: int | None,
           options: dict[str, Any]) -> Generator[Any, None, None]:
     # Runs at the first next(): an iterator never started spawns, draws, holds nothing.
+    #
+    # Its own workers, not a ThreadPoolExecutor: a command costs a queue put and get
+    # and a lock, not a Future with its condition variable, and every microsecond of
+    # Python here holds the GIL that the other workers' runs need (B9).
     bar = _progress_bar(total) if progress else None
     window = 2 * jobs
     switch = Cancel()  # one switch for every run of this call: set on early close
-    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="boundedproc-many")
-    pending: deque[Future[AnyResult] | _Raise] = deque()
+    tasks: queue.SimpleQueue[tuple[_Slot, Any, dict[str, Any]] | None] = queue.SimpleQueue()
+    workers: list[threading.Thread] = []
+    pending: deque[_Slot | _Raise] = deque()
     more = True
 
     def fill() -> None:
@@ -634,13 +683,27 @@ def _many(source: Iterator[Command | Job], jobs: int, progress: bool, total: int
                 more = False
                 return
             try:
+                job = isinstance(cmd, Job)
                 cmd, opts = _per_command(cmd, options)
-                _validate(cmd, opts)
+                if job:
+                    _validate(cmd, opts)  # options of its own: every check run() makes
+                else:
+                    # The shared options were checked once: a plain command can only be
+                    # a caller bug in its own shape (a string without a shell, ...).
+                    with contextlib.suppress(_command.UnencodableArgv):  # content: a result
+                        _command.argv_of(cmd, opts["shell"])
             except (TypeError, ValueError) as err:
                 pending.append(_Raise(err))
                 more = False
                 return
-            pending.append(pool.submit(_run_watching, switch, cmd, opts))
+            slot = _Slot()
+            pending.append(slot)
+            if len(workers) < jobs:
+                worker = threading.Thread(target=_work, args=(tasks, switch), daemon=True,
+                                          name=f"boundedproc-many-{len(workers)}")
+                worker.start()
+                workers.append(worker)
+            tasks.put((slot, cmd, opts))
 
     finished = False
     try:
@@ -649,8 +712,8 @@ def _many(source: Iterator[Command | Job], jobs: int, progress: bool, total: int
             head = pending.popleft()
             if isinstance(head, _Raise):
                 raise head.error
-            result = head.result()
-            fill()  # keep the pool busy while the consumer handles this one
+            result = head.take()
+            fill()  # keep the workers busy while the consumer handles this one
             if bar is not None:
                 bar.update(1)
             yield result
@@ -658,10 +721,11 @@ def _many(source: Iterator[Command | Job], jobs: int, progress: bool, total: int
     finally:
         if not finished:
             switch.cancel()  # in-flight runs end now; queued ones spawn nothing
-            for item in pending:
-                if isinstance(item, Future):
-                    item.cancel()
-        pool.shutdown(wait=True)  # every run's group is killed and reaped by now
+        for _ in workers:
+            tasks.put(None)
+        for worker in workers:
+            worker.join()  # every run's group is killed and reaped by now
+        switch.close()
         if bar is not None:
             with contextlib.suppress(Exception):
                 bar.close()

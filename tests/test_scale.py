@@ -558,3 +558,13 @@ def test_misspelt_job_option_is_the_jobs_error_in_its_turn() -> None:
     assert next(it).ok
     with pytest.raises(TypeError, match=r"Job\(\) got an unexpected keyword argument 'tiemout'"):
         next(it)
+
+
+def test_content_a_process_cannot_get_is_a_result_in_run_many() -> None:
+    """A NUL byte or a lone surrogate in one command is that command's not-spawned result;
+    the others run."""
+    out = list(run_many([["echo", "a"], ["echo", "b\0"], ["echo", "\ud800"], ["echo", "c"]],
+                        jobs=2))
+    assert [r.stdout for r in out] == [b"a\n", b"", b"", b"c\n"]
+    assert [r.spawned for r in out] == [True, False, False, True]
+    assert all(r.runner_error.startswith("not spawned: ") for r in out[1:3])
