@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -44,6 +45,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _grace(text: str) -> float:
+    value = _seconds(text)
+    if math.isinf(value):  # a grace is waited out in full: it must end
+        raise argparse.ArgumentTypeError(f"seconds must be finite: {text!r}")
+    return value
+
+
 USAGE_EXIT_CODE = 125  # as timeout(1) and env(1): 1, 2, ... stay the command's own
 
 
@@ -62,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run CMD bounded in time and output; at the end its whole process "
         "group is killed, so nothing it started survives.  Exits with CMD's exit code "
         "(124 on the deadline, 137 when killed for the output cap or cancelled, "
-        "127/126 when it could not be started).",
+        "127/126 when it could not be started; 125 for a usage error or output that "
+        "could not be written).",
     )
     p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT, metavar="S",
                    help=f"seconds before the group is killed (default {DEFAULT_TIMEOUT:g})")
@@ -73,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="past the cap: discard the rest, or kill the group (default truncate)")
     p.add_argument("--shell", metavar="SH", default=None,
                    help="join the words after -- into one command for SH -c")
-    p.add_argument("--kill-grace", type=_seconds, default=0.0, metavar="S",
+    p.add_argument("--kill-grace", type=_grace, default=0.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL (default 0: SIGKILL at once)")
     p.add_argument("--json", action="store_true",
                    help="print the Result as one JSON object instead of passing output through")
@@ -82,15 +91,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _text(value: str) -> str:
+    """``value`` with the bytes surrogateescape kept in it shown as U+FFFD, as output is."""
+    try:
+        raw = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate no bytes gave: not ours to keep either
+        raw = value.encode("utf-8", "replace")
+    return raw.decode("utf-8", "replace")
+
+
 def result_json(result: AnyResult) -> str:
-    """The result as one JSON object: every field, output decoded as UTF-8."""
+    """The result as one JSON object: every field, output decoded as UTF-8.
+
+    Text that came from bytes that are not UTF-8 (an argument, a program name
+    in ``runner_error``) has them replaced with U+FFFD too, so the object is
+    always valid UTF-8.
+    """
     data = {}
     for field in dataclasses.fields(result):
         value = getattr(result, field.name)
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
+        elif isinstance(value, str):
+            value = _text(value)
         elif isinstance(value, tuple):
-            value = list(value)
+            value = [_text(v) if isinstance(v, str) else v for v in value]
         data[field.name] = value
     data["ok"] = result.ok
     return json.dumps(data, ensure_ascii=False)
@@ -113,23 +138,66 @@ def main(argv: Sequence[str] | None = None) -> int:
                      kill_grace=args.kill_grace, on_output=live)
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # our stdout's reader left: the run was ended, as `cmd | head`
-        _quiet_stdout()
-        return 128 + signal.SIGPIPE
+    except _WriteFailed as failed:  # the run was ended (as by Ctrl-C): its group is gone
+        return _write_failed(failed)
     if args.json:
-        print(result_json(result))
+        try:
+            _emit(1, (result_json(result) + "\n").encode("utf-8"))
+        except _WriteFailed as failed:
+            return _write_failed(failed)
     else:
         if result.runner_error is not None:
-            sys.stderr.write(f"boundedproc: {result.runner_error}\n")
+            _say(f"boundedproc: {result.runner_error}\n")
         elif result.timed_out:
-            sys.stderr.write(f"boundedproc: timed out after {args.timeout:g} s\n")
+            _say(f"boundedproc: timed out after {args.timeout:g} s\n")
         if result.output_truncated:
-            sys.stderr.write(f"boundedproc: output truncated at {args.max_output} bytes "
-                             f"({result.output_bytes} read)\n")
+            _say(f"boundedproc: output truncated at {args.max_output} bytes "
+                 f"({result.output_bytes} read)\n")
         if result.escaped:
-            sys.stderr.write("boundedproc: a process outside the group held the output open\n")
-        sys.stderr.flush()
+            _say("boundedproc: a process outside the group held the output open\n")
     return result.exit_code
+
+
+class _WriteFailed(Exception):
+    """Our own stdout (fd 1) or stderr (fd 2) refused a write of output."""
+
+    def __init__(self, fd: int, err: OSError) -> None:
+        super().__init__(fd, err)
+        self.fd = fd
+        self.err = err
+
+
+def _emit(fd: int, data: bytes) -> None:
+    """Write ``data`` to our stdout or stderr now (nowhere if that fd was closed).
+
+    Raises:
+        _WriteFailed: the write failed.
+    """
+    out = sys.stdout if fd == 1 else sys.stderr
+    if out is None:  # that fd of ours was closed: nowhere to show it
+        return
+    try:
+        out.buffer.write(data)
+        out.buffer.flush()
+    except OSError as err:
+        raise _WriteFailed(fd, err) from None
+
+
+def _say(text: str) -> None:
+    """A note of ours on stderr; lost, never fatal, if stderr cannot take it."""
+    try:
+        _emit(2, text.encode("utf-8", "surrogateescape"))
+    except _WriteFailed:
+        _quiet(2)
+
+
+def _write_failed(failed: _WriteFailed) -> int:
+    """The status for output we could not write: 141 for a reader that left, else 125."""
+    _quiet(failed.fd)
+    if failed.err.errno == errno.EPIPE:  # as `cmd | head`: the end a SIGPIPE would give
+        return 128 + signal.SIGPIPE
+    _say(f"boundedproc: write error: {failed.err.strerror}\n")
+    return USAGE_EXIT_CODE
 
 
 class _PassThrough:
@@ -147,19 +215,17 @@ class _PassThrough:
         if self.left is not None:
             chunk = chunk[:self.left]
             self.left -= len(chunk)
-        if not chunk:
-            return
-        out = sys.stdout if stream == 1 else sys.stderr
-        if out is None:  # that fd of ours was closed: nowhere to show it
-            return
-        out.buffer.write(chunk)
-        out.buffer.flush()
+        if chunk:
+            _emit(stream, chunk)
 
 
-def _quiet_stdout() -> None:
-    """Point fd 1 at /dev/null, so that the interpreter's last flush cannot fail."""
+def _quiet(fd: int) -> None:
+    """Point our fd 1 or 2 at /dev/null, so that the interpreter's last flush cannot fail."""
+    out = sys.stdout if fd == 1 else sys.stderr
+    if out is None:
+        return
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno() if sys.stdout is not None else 1)
+    os.dup2(devnull, out.fileno())
     os.close(devnull)
 
 

@@ -21,14 +21,17 @@ forwarded signal; see the README section "As a timeout(1) replacement".
 from __future__ import annotations
 
 import dataclasses
+import errno
 import heapq
 import locale
 import math
 import os
 import signal
+import stat
 import string
 import sys
 import time
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
@@ -322,12 +325,23 @@ _C_ESCAPES = {7: "\\a", 8: "\\b", 9: "\\t", 10: "\\n", 11: "\\v", 12: "\\f", 13:
               0x5C: "\\\\"}
 
 
+# What glibc's iswprint refuses in a UTF-8 locale: controls, the line and
+# paragraph separators, and code points with no character (checked against
+# glibc 2.36 over every code point).
+_UNPRINTABLE = frozenset({"Cc", "Zl", "Zp", "Cn", "Cs"})
+
+
+def _printable(char: str) -> bool:
+    return unicodedata.category(char) not in _UNPRINTABLE
+
+
 def quote(arg: str, utf8: bool) -> str:
     """An argument quoted as coreutils quotes one in a message.
 
     ``'sleep'`` in the C locale (``'`` and ``\\`` escaped, other bytes outside
-    printable ASCII as octal), ``‘sleep’`` in a UTF-8 one (printable
-    characters kept).
+    printable ASCII as octal), ``‘sleep’`` in a UTF-8 one (``’`` and ``\\``
+    escaped, characters glibc calls printable kept: ``str.isprintable`` is
+    stricter, e.g. for a no-break space).
     """
     raw = os.fsencode(arg)
     out = []
@@ -346,8 +360,9 @@ def quote(arg: str, utf8: bool) -> str:
                     char = raw[i:i + size].decode("utf-8")
                 except UnicodeDecodeError:
                     continue
-                if char.isprintable():
-                    out.append(char)
+                if _printable(char):
+                    # the closing quote inside is escaped, as "'" is in the C locale
+                    out.append("\\\u2019" if char == "\u2019" else char)
                     i += size
                     break
                 out.extend(f"\\{c:03o}" for c in raw[i:i + size])
@@ -614,13 +629,17 @@ class _Timeout:
         self.due: list[tuple[float, int, int]] = []  # (when, order, signal or -1 for the alarm)
         self.order = 0
         self.armed = False
+        self.stderr_failed = False
+        self.sent_kill = False  # KILL sent to the group: coreutils is killed by it too
 
     # -- messages --
 
     def say(self, message: str) -> None:
-        """One line on stderr, ``prog: message`` (silently lost if stderr is closed)."""
-        if 2 not in self.closed_fds:
-            _write(2, f"{self.prog}: {message}\n".encode("utf-8", "surrogateescape"))
+        """One line on stderr, ``prog: message``; one stderr did not take makes the end 125."""
+        if 2 in self.closed_fds or _write(
+                2, f"{self.prog}: {message}\n".encode("utf-8", "surrogateescape")) is not None:
+            # coreutils' exit checks stderr: a message lost there is a failure of its own.
+            self.stderr_failed = True
 
     # -- timers: setitimer's SIGALRM, told apart from a SIGALRM sent to us --
 
@@ -705,6 +724,8 @@ class _Timeout:
             self.say(f"sending signal {name} to command {quote(self.args.command[0], self.utf8)}")
         if sig != 0:
             self.control.send_signal(sig)
+        if sig == signal.SIGKILL and not self.args.foreground:
+            self.sent_kill = True
         if not self.args.foreground and sig not in (signal.SIGKILL, signal.SIGCONT):
             # A stopped command acts on the signal only once continued.
             self.control.send_signal(signal.SIGCONT)
@@ -754,7 +775,7 @@ class _Timeout:
 
     # -- the whole run --
 
-    def prepared(self) -> Prepared:
+    def prepared(self, command: Sequence[str | bytes]) -> Prepared:
         options = validate(
             timeout=None, max_output=None, on_overflow="truncate", stdin=INHERIT, cwd=None,
             env=self.child_env, env_mode="merge", merge_stderr=False, text=False, cancel=None,
@@ -764,7 +785,7 @@ class _Timeout:
         # No deadline in the core (it is kept here) and kill_grace 0: when the
         # leader exits, what is left of the run is killed at once.
         options = dataclasses.replace(options, new_session=not self.args.foreground)
-        prepared = prepare(self.args.command, False, options)
+        prepared = prepare(command, False, options)
         if prepared.spec is not None and self.closed_fds:
             # Our closed fds 0-2 hold placeholders (so that no fd of ours lands
             # there); COMMAND gets them closed, as they were given to us.
@@ -776,7 +797,7 @@ class _Timeout:
         return prepared
 
     def run(self) -> int:
-        prepared = self.prepared()
+        prepared = self.prepared(self.args.command)
         # From here on a signal is sent on: once the command is attached to
         # self.control (until then it is tried again each millisecond).
         self.running = True
@@ -785,6 +806,12 @@ class _Timeout:
             self.schedule(self.args.duration, -1)
         try:
             result, outcome = execute(prepared, time.monotonic(), control=self.control)
+            script = _script_argv(prepared, outcome)
+            if script is not None:
+                # As coreutils' execvp: a file the kernel does not know how to
+                # run (no "#!") is run by /bin/sh, under the same deadline.
+                result, outcome = execute(self.prepared(script), time.monotonic(),
+                                          control=self.control)
         finally:
             self.running = False
             self.due.clear()
@@ -803,6 +830,10 @@ class _Timeout:
                 return _write_failed(self.prog, err)
         if die_by is not None and _disable_core_dumps():
             _die_by(die_by)
+        if self.stderr_failed and not self.sent_kill:
+            # coreutils ends by exit(), whose check of stderr fails: 125.  (Where
+            # it sent KILL to its own group it was killed by it first: 137.)
+            return EXIT_CANCELED
         return status
 
     def status(self, result: AnyResult,
@@ -830,6 +861,27 @@ class _Timeout:
         if self.timed_out and not self.args.preserve_status and sig != signal.SIGKILL:
             return EXIT_TIMEDOUT, None
         return status, None
+
+
+def _script_argv(prepared: Prepared,
+                 outcome: _native.NativeOutcome | None) -> list[bytes] | None:
+    """``/bin/sh FILE ARG...`` when the exec failed with ENOEXEC, as glibc's execvp runs it.
+
+    FILE is the candidate that failed: the first on the search path that is an
+    executable regular file (the ones before it failed with ENOENT, EACCES...).
+    """
+    if (outcome is None or outcome.spawned or prepared.spec is None
+            or outcome.err_stage != _native.lib.BP_STAGE_EXEC
+            or outcome.err_errno != errno.ENOEXEC):
+        return None
+    for path in prepared.spec.exec_paths:
+        try:
+            regular = stat.S_ISREG(os.stat(path).st_mode)
+        except (OSError, ValueError):
+            continue
+        if regular and os.access(path, os.X_OK):
+            return [b"/bin/sh", path, *prepared.args[1:]]
+    return None
 
 
 def _write_failed(prog: str, err: OSError) -> int:

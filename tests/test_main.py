@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import select
 import subprocess
 import sys
@@ -123,3 +124,39 @@ def test_closed_stdout_reader_ends_the_run() -> None:
     p = subprocess.run(["sh", "-c", f"'{PY}' -m boundedproc --timeout 60 -- yes | head -1"],
                        capture_output=True, timeout=30, check=False)
     assert p.stdout == b"y\n" and b"Traceback" not in p.stderr
+
+
+def test_infinite_kill_grace_is_a_usage_error() -> None:
+    """--kill-grace inf (no finite grace) is a usage error, 125, not a traceback."""
+    p = cli("--kill-grace", "inf", "--", "true")
+    assert p.returncode == 125 and b"Traceback" not in p.stderr
+    assert b"--kill-grace" in p.stderr
+
+
+def test_closed_stderr_keeps_the_status() -> None:
+    """With our stderr closed, the deadline's note is lost, not the status: still 124."""
+    p = subprocess.run([PY, "-m", "boundedproc", "--timeout", "0.2", "--", "sleep", "30"],
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                       preexec_fn=lambda: os.close(2), timeout=60, check=False)
+    assert p.returncode == 124
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("args", [["--", "echo", "hi"], ["--json", "--", "echo", "hi"],
+                                  ["--", "yes"]])
+def test_output_that_cannot_be_written_is_125(args: list[str]) -> None:
+    """Output our stdout cannot take (ENOSPC): a write error and 125, no traceback, no survivor."""
+    with open("/dev/full", "wb") as full:
+        p = subprocess.run([PY, "-m", "boundedproc", "--timeout", "60", *args], stdout=full,
+                           stderr=subprocess.PIPE, timeout=60, check=False)
+    assert p.returncode == 125 and b"Traceback" not in p.stderr, p.stderr
+    assert b"boundedproc: write error: No space left on device" in p.stderr
+
+
+def test_json_is_utf8_for_an_argument_that_is_not() -> None:
+    """--json prints valid UTF-8 also when an argument is not UTF-8 (U+FFFD, as for output)."""
+    p = subprocess.run([PY, "-m", "boundedproc", "--json", "--", "echo", b"a\xffb"],
+                       capture_output=True, timeout=60, check=False)
+    data = json.loads(p.stdout.decode("utf-8"))
+    assert p.returncode == 0 and data["args"] == ["echo", "a\ufffdb"]
+    assert data["stdout"] == "a\ufffdb\n"

@@ -246,6 +246,25 @@ def test_exec_failures_say_why() -> None:
     assert p.stderr == b"timeout: failed to run command '/': Permission denied\n"
 
 
+
+def test_a_script_without_a_shebang_runs_with_sh(tmp_path: Path) -> None:
+    """An executable file the kernel cannot run (no #!) is run by /bin/sh, as execvp does."""
+    script = tmp_path / "noshebang"
+    script.write_text('echo "ran:$0:$1"; exit 3\n')
+    script.chmod(0o755)
+    p = tcli("5", str(script), "arg")
+    assert (p.returncode, p.stdout, p.stderr) == (3, f"ran:{script}:arg\n".encode(), b"")
+    same_as_gnu(["5", str(script), "arg"], p)
+    # Found on PATH the same way, and the deadline still holds for it.
+    env = env_c(PATH=f"{tmp_path}:{os.environ.get('PATH', os.defpath)}")
+    p = tcli("5", "noshebang", "x", env=env)
+    assert (p.returncode, p.stdout) == (3, f"ran:{script}:x\n".encode())
+    script.write_text("sleep 30\n")
+    assert tcli("0.3", str(script)).returncode == 124
+    script.chmod(0o644)  # not executable: still 126
+    assert tcli("5", str(script)).returncode == 126
+
+
 # --- the command line -----------------------------------------------------------------
 
 USAGE = [
@@ -402,6 +421,24 @@ def test_verbose_quotes_odd_names() -> None:
         same_as_gnu(["1", name], p)
 
 
+
+def test_verbose_quotes_in_a_utf8_locale() -> None:
+    """In a UTF-8 locale a closing quote in the name is escaped, and what glibc prints is kept."""
+    for name, shown in (("a\u2019b", "\u2018a\\\u2019b\u2019"),
+                        ("a\u200bb", "\u2018a\u200bb\u2019"),
+                        ("a\u00a0b", "\u2018a\u00a0b\u2019"),
+                        ("a\u2028b", "\u2018a\\342\\200\\250b\u2019"),
+                        ("a\u0085b", "\u2018a\\302\\205b\u2019")):
+        p = tcli("1", name, env=env_c(LC_ALL="C.UTF-8"))
+        assert p.returncode == 127
+        assert p.stderr.startswith(
+            f"timeout: failed to run command {shown}:".encode()), (name, p.stderr)
+        if GNU is not None:
+            theirs = subprocess.run([GNU, "1", name], capture_output=True, timeout=60,
+                                    env=env_c(LC_ALL="C.UTF-8"), check=False)
+            assert normal(theirs.stderr) == normal(p.stderr), name
+
+
 def test_kill_after_counts_from_a_forwarded_signal(started: Callable[..., Started]) -> None:
     """-k's clock starts at the first signal sent, also one received and sent on: then 137."""
     run = started("-k", "0.3", "30", "sh", "-c", "trap '' TERM; echo ready; sleep 30")
@@ -554,6 +591,38 @@ def test_closed_stdout_for_our_own_output() -> None:
         assert p.returncode == 125
 
 
+
+@pytest.mark.parametrize("args", [
+    ["-v", "0.2", "sleep", "30"], ["1", "/no/such/program"], ["1", "/"],
+    ["-v", "--preserve-status", "0.2", "sh", "-c", "trap 'exit 0' TERM; sleep 30 & wait"],
+])
+@pytest.mark.parametrize("stderr", ["closed", "full"])
+def test_a_message_stderr_cannot_take_is_125(args: list[str], stderr: str) -> None:
+    """A message lost to a closed or full stderr makes the status 125, as coreutils' exit."""
+    if stderr == "closed":
+        p = tcli(*args, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.close(2))
+    else:
+        if not os.path.exists("/dev/full"):
+            pytest.skip("no /dev/full")
+        with open("/dev/full", "wb") as full:
+            p = tcli(*args, stderr=full)
+    assert p.returncode == 125, args
+    if GNU is not None and stderr == "full":
+        with open("/dev/full", "wb") as full:
+            theirs = subprocess.run([GNU, *args], stdout=subprocess.PIPE, stderr=full,
+                                    timeout=60, env=env_c(), check=False)
+        assert theirs.returncode == 125, args
+
+
+def test_no_message_no_stderr_needed() -> None:
+    """With stderr closed and nothing to say, the status is the usual one (124, the command's)."""
+    for args, status in ((["0.2", "sleep", "30"], 124), (["5", "sh", "-c", "exit 3"], 3),
+                         (["-v", "-k", "0.2", "0.2", "sh", "-c", "trap '' TERM; sleep 30"],
+                          137)):
+        p = tcli(*args, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.close(2))
+        assert p.returncode == status, args
+
+
 def test_closed_stdin_and_stderr_are_passed_on_closed() -> None:
     """A closed fd 0 or 2 of ours is closed in the command too, never one of our own fds."""
     probe = ("import os, sys\nfor fd in (0, 2):\n    try:\n        os.fstat(fd)\n"
@@ -601,6 +670,17 @@ def test_json_prints_the_result() -> None:
     data = json.loads(p.stdout)
     assert p.returncode == 124 and data["timed_out"] is True and data["exit_code"] == 124
     assert data["term_signal"] == signal.SIGTERM and data["args"] == ["sleep", "30"]
+
+
+
+def test_json_with_an_argument_that_is_not_utf8() -> None:
+    """--json with an argument that is not UTF-8 prints valid UTF-8 JSON (U+FFFD), no traceback."""
+    p = subprocess.run([*CLI, "--json", "5", "echo", b"a\xffb"], capture_output=True,
+                       timeout=60, env=env_c(), check=False)
+    assert p.returncode == 0 and b"Traceback" not in p.stderr, p.stderr
+    head, _, tail = p.stdout.partition(b"\n")
+    assert head == b"a\xffb"
+    assert json.loads(tail.decode("utf-8"))["args"] == ["echo", "a\ufffdb"]
 
 
 # --- the whole run is killed at the end ------------------------------------------------
