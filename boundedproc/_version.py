@@ -1,3 +1,3 @@
 """The one version source, read by the package, setup and the C build."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
