@@ -221,6 +221,17 @@ static int stream_end(int given, int want_pipe, int is_input, int *child, int *o
     return 0;
 }
 
+/* The stdio could not be set up: close what was made, report, return 0. */
+static int stdio_failed(struct bp_run *run, int child[3], int ours[3], int stage, int err)
+{
+    for (int i = 0; i < 3; i++) {
+        bp__close_fd(&child[i]);
+        bp__close_fd(&ours[i]);
+    }
+    bp__spawn_failed(run, stage, err);
+    return 0;
+}
+
 /* An uncontained start: vfork here, report through a close-on-exec pipe. */
 static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int *err)
 {
@@ -301,26 +312,12 @@ int bp__spawn(struct bp_run *run)
         for (int i = 0; i < 3; i++) {
             if ((given[i] >= 0) != (pass == 0))
                 continue;
-            if (stream_end(given[i], want_pipe[i], i == 0, &child[i], &ours[i], &stage) < 0) {
-                int e = errno;
-                for (int j = 0; j < 3; j++) {
-                    bp__close_fd(&child[j]);
-                    bp__close_fd(&ours[j]);
-                }
-                bp__spawn_failed(run, stage, e);
-                return 0;
-            }
+            if (stream_end(given[i], want_pipe[i], i == 0, &child[i], &ours[i], &stage) < 0)
+                return stdio_failed(run, child, ours, stage, errno);
         }
     }
-    if (merged && child[1] >= 0 && (child[2] = dup_for_child(child[1])) < 0) {
-        int e = errno;
-        for (int i = 0; i < 3; i++) {
-            bp__close_fd(&child[i]);
-            bp__close_fd(&ours[i]);
-        }
-        bp__spawn_failed(run, BP_STAGE_DUP, e);
-        return 0;
-    }
+    if (merged && child[1] >= 0 && (child[2] = dup_for_child(child[1])) < 0)
+        return stdio_failed(run, child, ours, BP_STAGE_DUP, errno);
 #if defined(__linux__) && defined(F_SETPIPE_SZ)
     /* A larger pipe means fewer wakeups per megabyte; refusal is harmless. */
     if (ours[1] >= 0)
