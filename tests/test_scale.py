@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import signal
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 import types
@@ -15,7 +18,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import wait_dead
+from conftest import SIGINT_PRELUDE, wait_dead, wait_for_pids
 
 from boundedproc import CANCEL_EXIT_CODE, Cancel, Job, ProcessFailed, Result
 from boundedproc._scale import run_async, run_many
@@ -568,3 +571,29 @@ def test_content_a_process_cannot_get_is_a_result_in_run_many() -> None:
     assert [r.stdout for r in out] == [b"a\n", b"", b"", b"c\n"]
     assert [r.spawned for r in out] == [True, False, False, True]
     assert all(r.runner_error.startswith("not spawned: ") for r in out[1:3])
+
+
+def test_ctrl_c_while_run_many_waits(tmp_path: Path, reaper: list[int]) -> None:
+    """SIGINT while the consumer waits for a result: KeyboardInterrupt, promptly, and every
+    run in flight killed and reaped (its sleeps dead) before it propagates."""
+    f = tmp_path / "pids"
+    code = SIGINT_PRELUDE + textwrap.dedent(f"""
+        from boundedproc import run_many
+        cmds = [["sh", "-c", f"echo $$ > {f}.{{i}}.tmp; mv {f}.{{i}}.tmp {f}.{{i}}; sleep 60"]
+                for i in range(4)]
+        try:
+            for r in run_many(cmds, jobs=2, timeout=60):
+                print("unexpected result", r, flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """)
+    child = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = wait_for_pids(Path(f"{f}.0")) + wait_for_pids(Path(f"{f}.1"))
+        reaper.extend(pids)
+        child.send_signal(signal.SIGINT)
+        out, _ = child.communicate(timeout=10)
+    finally:
+        child.kill()
+    assert out.startswith("interrupted"), out
+    assert wait_dead(pids) == []
