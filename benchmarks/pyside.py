@@ -57,6 +57,29 @@ def defaults() -> dict[str, Any]:
     return {k: p.default for k, p in sig.parameters.items() if k in names}
 
 
+def _handoff() -> Callable[[], object]:
+    """One command's trip through run_many's machinery with a job that does nothing: a
+    ``_Slot``, a put on the workers' queue, a worker that fills it, the consumer's take."""
+    import queue
+    import threading
+
+    tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def worker() -> None:
+        while (slot := tasks.get()) is not None:
+            slot.result = slot
+            slot.done.release()
+
+    threading.Thread(target=worker, daemon=True).start()
+
+    def one() -> object:
+        slot = _scale._Slot()
+        tasks.put(slot)
+        return slot.take()
+
+    return one
+
+
 def pieces(calls: int) -> list[tuple[str, float]]:
     rows: list[tuple[str, float]] = []
     kw = defaults()
@@ -109,12 +132,16 @@ def pieces(calls: int) -> list[tuple[str, float]]:
     sw = boundedproc.Cancel()
     rows.append(("run_many: _per_command", per_call(lambda: _scale._per_command(TRUE, mopts),
                                                     calls)))
-    rows.append(("run_many: _validate (a dry run(), per command)",
+    rows.append(("run_many: argv_of (a plain command's check)",
+                 per_call(lambda: _command.argv_of(TRUE, False), calls)))
+    rows.append(("run_many: _validate (a dry run(), a Job's check)",
                  per_call(lambda: _scale._validate(TRUE, mopts), calls)))
-    rows.append(("run_many: _run_watching's ALSO_CANCEL set/reset",
+    rows.append(("run_async: _run_watching's ALSO_CANCEL set/reset",
                  per_call(lambda: _cancel.ALSO_CANCEL.reset(_cancel.ALSO_CANCEL.set(sw)), calls)))
+    rows.append(("run_many: queue put + worker + slot lock (no-op job, 1 worker)",
+                 per_call(_handoff(), calls)))
     with ThreadPoolExecutor(max_workers=4) as pool:
-        rows.append(("run_many: pool.submit + Future.result (no-op job, 4 workers)",
+        rows.append(("  for scale: pool.submit + Future.result (no-op job, 4 workers)",
                      per_call(lambda: pool.submit(int).result(), calls)))
     n = max(calls // 5, 200)
     manys: list[float] = []
