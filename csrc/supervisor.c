@@ -190,7 +190,9 @@ static long list_children(const struct sup *s, pid_t skip, pid_t *out)
 
 /* Reap every adopted orphan that has died (never the leader: its zombie
  * keeps the group id ours).  Returns how many children other than the
- * leader are left, or -1 when that was not counted (the leader lives). */
+ * leader were found once the leader exited, the ones just reaped included (a
+ * child reaped after the look may have handed us children the look missed),
+ * or -1 when that was not counted (the leader lives). */
 static long reap_orphans(struct sup *s)
 {
     for (;;) {
@@ -204,11 +206,10 @@ static long reap_orphans(struct sup *s)
             /* The first zombie in the list is the leader: reap the others
              * by name. */
             pid_t kids[MAX_KIDS];
-            long n = list_children(s, s->leader, kids), left = 0;
+            long n = list_children(s, s->leader, kids);
             for (long i = 0; i < n; i++)
-                if (!reap_one(s, kids[i], WNOHANG, NULL))
-                    left++;
-            return left;
+                (void)reap_one(s, kids[i], WNOHANG, NULL);
+            return n;
         }
         (void)reap_one(s, info.si_pid, WNOHANG, NULL);
     }
@@ -238,8 +239,10 @@ static void finish_alone(struct sup *s)
 }
 
 /* Signal the leader's group (while the leader is unreaped) and every
- * adopted child and its group.  Returns how many adopted children live. */
-static long signal_round(struct sup *s, int leader_reaped, int sig)
+ * adopted child and its group, then reap those that died.  Returns how many
+ * children other than the leader were found, zombies included; *alive (may
+ * be NULL) gets how many of them are still unreaped. */
+static long signal_round(struct sup *s, int leader_reaped, int sig, long *alive)
 {
     pid_t kids[MAX_KIDS];
     if (!leader_reaped && s->leader > 0)
@@ -252,11 +255,13 @@ static long signal_round(struct sup *s, int leader_reaped, int sig)
             (void)kill(-kids[i], sig);
         (void)kill(kids[i], sig);
     }
-    long alive = 0;
+    long left = 0;
     for (long i = 0; i < n; i++)
         if (!reap_one(s, kids[i], WNOHANG, NULL))
-            alive++;
-    return alive;
+            left++;
+    if (alive != NULL)
+        *alive = left;
+    return n;
 }
 
 static void nap_ms(long ms)
@@ -272,23 +277,33 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
     memset(&m, 0, sizeof m);
     m.type = BP_MSG_FINAL;
     m.pid = (int32_t)s->leader;
-    (void)signal_round(s, 0, SIGKILL);
+    (void)signal_round(s, 0, SIGKILL, NULL);
     int status = 0;
     (void)reap_one(s, s->leader, 0, &status);
     m.status = status;
 
-    /* Orphans keep arriving while their parents die: repeat until none is
-     * left or the budget is spent. */
+    /*
+     * Orphans keep arriving while their parents die: a parent hands its
+     * children to us as it exits, before it turns zombie, so one that a round
+     * found, killed and reaped may have handed us children that round never
+     * listed.  The run is over only when a round finds no child at all (the
+     * list holds zombies too): then no descendant is left anywhere, since a
+     * live one would have a live ancestor among our children.  Repeat until
+     * then or until the budget is spent.
+     */
     int64_t until = now_ns() + (budget_ns > 0 ? budget_ns : DEFAULT_BUDGET_NS);
-    long left = 0;
+    long found = 0, left = 0;
     for (int round = 0;; round++) {
-        left = signal_round(s, 1, SIGKILL);
+        found = signal_round(s, 1, SIGKILL, &left);
         while (reap_one(s, -1, WNOHANG, NULL))
             ;
-        if (left == 0 || now_ns() > until)
+        if (found == 0 || now_ns() > until)
             break;
-        nap_ms(round < 10 ? 1 : 10);
+        if (left > 0)
+            nap_ms(round < 10 ? 1 : 10);
     }
+    if (found > 0 && left == 0)
+        left = 1;  /* out of budget with children just handed over: not all seen dead */
     m.unkilled = (int32_t)left;
     m.reusable = left == 0;
     m.utime_us = s->utime_us;
@@ -596,7 +611,7 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
                 return 0;
             }
             if (c.type == BP_CMD_SIGNAL)
-                (void)signal_round(s, 0, c.sig);
+                (void)signal_round(s, 0, c.sig, NULL);
             close_run_fds(&none);
         }
     }

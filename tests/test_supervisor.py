@@ -423,6 +423,22 @@ def test_reuse_200_runs_one_thread(name: str) -> None:
     assert _native.supervisor_pids() == first
 
 
+def test_orphans_of_dying_parents_are_killed_at_the_deadline() -> None:
+    """The deadline's kill meets 300 subshells, each with a setsid child: the subshells die
+    after the first look at the supervisor's children, so their children are adopted while
+    the kill rounds run. Every one must be killed before the run returns, never left to
+    outlive it (0.2 ended its rounds as soon as one round found nothing alive, and up to a
+    few hundred sleeps lived on, reparented to the idle supervisor)."""
+    bomb = ("n=0; while [ $n -lt 300 ]; do ( setsid sleep 60 & echo $!; wait ) & n=$((n+1)); "
+            "done; wait")
+    for _ in range(8):
+        r = run(["bash", "-c", bomb], timeout=1.5, drain_grace=3)
+        pids = pids_in(r.stdout)
+        assert r.timed_out and len(pids) > 50, r
+        assert not r.escaped, r
+        assert [p for p in pids if alive(p)] == []
+
+
 def test_reuse_across_8_threads() -> None:
     """8 threads x 50 runs of the catalog: every escapee dead when its run returns."""
     errors: list[str] = []
