@@ -635,8 +635,11 @@ class _Slot:
         return self.result
 
 
-def _work(tasks: queue.SimpleQueue[tuple[_Slot, Any, dict[str, Any]] | None],
-          switch: Cancel) -> None:
+# A command for a run_many worker (its slot, the command, run()'s options); None: stop.
+_Task = tuple[_Slot, Any, dict[str, Any]] | None
+
+
+def _work(tasks: queue.SimpleQueue[_Task], switch: Cancel) -> None:
     """A ``run_many`` worker: run the tasks it is given until it gets ``None``.
 
     The call's switch is set once for the thread (executors do not copy
@@ -665,7 +668,7 @@ def _many(source: Iterator[Command | Job], jobs: int, progress: bool, total: int
     bar = _progress_bar(total) if progress else None
     window = 2 * jobs
     switch = Cancel()  # one switch for every run of this call: set on early close
-    tasks: queue.SimpleQueue[tuple[_Slot, Any, dict[str, Any]] | None] = queue.SimpleQueue()
+    tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
     workers: list[threading.Thread] = []
     pending: deque[_Slot | _Raise] = deque()
     more = True
