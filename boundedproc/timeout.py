@@ -886,7 +886,7 @@ def _script_argv(prepared: Prepared,
 
 def _write_failed(prog: str, err: OSError) -> int:
     """coreutils' end for output it could not write: SIGPIPE, or a message and 125."""
-    if err.errno == 32:  # EPIPE: a C program with SIGPIPE at its default dies of it
+    if err.errno == errno.EPIPE:  # a C program with SIGPIPE at its default dies of it
         _die_by(signal.SIGPIPE)
     _write(2, f"{prog}: write error: {err.strerror}\n".encode())
     return EXIT_CANCELED
