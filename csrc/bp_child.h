@@ -5,7 +5,11 @@
  * core's own vfork child (spawn.c, an uncontained run) and the supervisor's
  * (supervisor.c, a contained run).  Everything here runs between vfork() and
  * execve(): async-signal-safe calls only, no allocation, nothing written that
- * the parent reads except through the error pipe.  Identity changes use the
+ * the parent reads but the error report.  The child shares the parent's
+ * memory (CLONE_VM, or vfork()) and the parent sleeps until the child execs
+ * or exits (CLONE_VFORK), so a failing child writes its report straight into
+ * the parent's struct: no pipe is needed to learn why a start failed.
+ * Identity changes use the
  * raw system calls: glibc's setuid() would broadcast the change to every
  * thread of the process, and a vfork child would signal the parent's threads.
  */
@@ -25,6 +29,11 @@
 #endif
 
 #include <sys/socket.h>
+#include <sys/wait.h>
+
+#ifdef __linux__
+#include <sched.h>
+#endif
 
 #include "bp_internal.h"  /* boundedproc.h has no guard: only through here */
 #include "bp_supervisor.h"
@@ -33,7 +42,13 @@
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
 #endif
 
-/* Everything the child needs, prepared before vfork(). */
+/* Why a start failed: written by the child into the parent's memory. */
+struct bp_child_error {
+    int stage;                      /* BP_STAGE_NONE: no step failed (the exec happened) */
+    int err;
+};
+
+/* Everything the child needs, prepared before the start. */
 struct bp_child_args {
     char *const *exec_paths;        /* candidates for execve, NULL-terminated */
     char *const *argv;
@@ -42,7 +57,10 @@ struct bp_child_args {
     int in;                         /* the child's 0, 1, 2 (above 2), or -1: leave closed */
     int out;
     int err;
-    int errpipe;                    /* close-on-exec; receives a struct bp_child_error */
+    struct bp_child_error *report;  /* the parent's: stage 0 until a step fails */
+    int clean_parent;               /* the parent keeps every signal blocked and every
+                                     * disposition at its default (the supervisor):
+                                     * nothing to reset, nothing to block around the start */
     int new_session;
     const int64_t *rlimits_soft;    /* BP_NRLIMITS entries, < 0: unchanged */
     const int64_t *rlimits_hard;
@@ -54,21 +72,12 @@ struct bp_child_args {
     int hello_fd;                   /* >= 0: send BP_MSG_LEADER with our pid there before exec */
 };
 
-struct bp_child_error {
-    int stage;
-    int err;
-};
-
 __attribute__((noreturn)) static inline void bp_child_fail(const struct bp_child_args *a,
                                                             int stage, int err)
 {
-    struct bp_child_error ce;
-    ce.stage = stage;
-    ce.err = err;
-    ssize_t n;
-    do {
-        n = write(a->errpipe, &ce, sizeof ce);
-    } while (n < 0 && errno == EINTR);
+    volatile struct bp_child_error *report = a->report;
+    report->err = err;
+    report->stage = stage != BP_STAGE_NONE ? stage : BP_STAGE_EXEC;
     _exit(BP_SPAWN_FAILURE_EXIT_CODE);
 }
 
@@ -155,7 +164,8 @@ static inline int bp_child_exec(char *const *paths, char *const *argv, char *con
 /*
  * The pre-exec steps, in order: die with the parent; every disposition back
  * to its default (Python ignores SIGPIPE, and a check must not inherit that,
- * nor an ignored SIGCHLD); a new session; stdio; every other fd closed on
+ * nor an ignored SIGCHLD; a clean parent has nothing to reset, and skips the
+ * 62 system calls); a new session; stdio; every other fd closed on
  * exec; limits; cwd; groups, gid, uid; the signal mask emptied (the parent
  * blocked every signal around vfork, so no handler ran in the borrowed
  * address space); exec.  Never returns.
@@ -168,13 +178,15 @@ __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child
     if (getppid() != a->parent)
         _exit(BP_SPAWN_FAILURE_EXIT_CODE);  /* the parent is already gone */
 #endif
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    for (int sig = 1; sig < NSIG; sig++) {
-        if (sig == SIGKILL || sig == SIGSTOP)
-            continue;
-        (void)sigaction(sig, &dfl, NULL);
+    if (!a->clean_parent) {
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        for (int sig = 1; sig < NSIG; sig++) {
+            if (sig == SIGKILL || sig == SIGSTOP)
+                continue;
+            (void)sigaction(sig, &dfl, NULL);
+        }
     }
     if (a->new_session && setsid() < 0)
         bp_child_fail(a, BP_STAGE_SETSID, errno);
@@ -235,6 +247,114 @@ __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child
         } while (n < 0 && errno == EINTR);
     }
     bp_child_fail(a, BP_STAGE_EXEC, bp_child_exec(a->exec_paths, a->argv, a->envp));
+}
+
+/* ---- the start --------------------------------------------------------------- */
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BP_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define BP_ASAN 1
+#endif
+#ifdef BP_ASAN
+void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
+#endif
+
+#ifdef __linux__
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x00001000  /* Linux 5.2; C library headers may predate it */
+#endif
+
+static int bp_child_entry(void *a)
+{
+    bp_child_main(a);
+}
+#endif
+
+/*
+ * bp_child_start: start the child and wait until it has exec'd or failed.
+ *
+ * On Linux the child is started with clone(CLONE_VM | CLONE_VFORK) on
+ * `stack` (stack_size bytes, the caller's): vfork()'s semantics, whatever a
+ * sanitizer does to vfork(), plus, when pidfd is not NULL, the child's pidfd
+ * (CLONE_PIDFD), made before the child can run.  A kernel before 5.2 refuses
+ * CLONE_PIDFD with EINVAL: it is asked again without (*pidfd = -1), as when
+ * one of the parent's fds 0..2 is closed (the pidfd would take it, and the
+ * child's dup2() onto it would fail with EBUSY).  Elsewhere: vfork().
+ *
+ * Unless the parent is clean, every signal is blocked around the start, so
+ * that no handler of the parent's runs in the lent address space; the child
+ * empties its mask before exec.
+ *
+ * Returns the child's pid once it exec'd.  Returns -1 when it could not be
+ * started (*stage BP_STAGE_FORK) or a pre-exec step failed (*stage says
+ * which; the child has been reaped); *err is the errno either way.
+ */
+__attribute__((noinline)) static pid_t bp_child_start(const struct bp_child_args *a, void *stack,
+                                                      size_t stack_size, int *pidfd, int *stage,
+                                                      int *err)
+{
+    volatile struct bp_child_error *report = a->report;
+    report->stage = BP_STAGE_NONE;
+    report->err = 0;
+    if (pidfd != NULL)
+        *pidfd = -1;
+    sigset_t all, old;
+    if (!a->clean_parent) {
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+    }
+    pid_t pid;
+#ifdef __linux__
+    char *top = (char *)stack + stack_size;
+    int flags = CLONE_VM | CLONE_VFORK | SIGCHLD;
+    int stdio_open = pidfd != NULL && fcntl(0, F_GETFD) >= 0 && fcntl(1, F_GETFD) >= 0
+                     && fcntl(2, F_GETFD) >= 0;
+    pid = -1;
+    errno = EINVAL;
+    if (stdio_open)
+        pid = clone(bp_child_entry, top, flags | CLONE_PIDFD, (void *)a, pidfd);
+    if (pid < 0 && errno == EINVAL) {
+        if (pidfd != NULL)
+            *pidfd = -1;
+        pid = clone(bp_child_entry, top, flags, (void *)a);
+    }
+#else
+    (void)stack;
+    (void)stack_size;
+    pid = vfork();
+    if (pid == 0)
+        bp_child_main(a);
+#endif
+    int fork_errno = errno;
+    if (!a->clean_parent)
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+#ifdef BP_ASAN
+    __asan_unpoison_memory_region(stack, stack_size);  /* the child's redzones */
+#endif
+    if (pid < 0) {
+        if (pidfd != NULL)
+            *pidfd = -1;
+        *stage = BP_STAGE_FORK;
+        *err = fork_errno;
+        return -1;
+    }
+    if (report->stage != BP_STAGE_NONE) {
+        if (pidfd != NULL && *pidfd >= 0) {
+            (void)close(*pidfd);
+            *pidfd = -1;
+        }
+        int status;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+            ;
+        *stage = report->stage;
+        *err = report->err;
+        return -1;
+    }
+    return pid;
 }
 
 #endif

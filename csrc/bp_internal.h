@@ -109,7 +109,7 @@ struct bp_run {
     pid_t sup_pid;          /* its pid, 0: uncontained */
     int ctl_fd;             /* unused (kept -1) */
     int sup_dead;           /* it died (or stopped answering) during the run */
-    int sup_final;          /* its FINAL report waits unread (it finished on its own) */
+    int sup_final;          /* its FINAL report came and was taken: nothing left to ask */
     int64_t next_sup_check_ns; /* when to look next whether the command stopped it */
     int64_t bound_end_ns;   /* start + timeout + kill_grace + drain_grace; -1: none */
 };

@@ -83,94 +83,8 @@ static int set_nonblock(int fd)
     return fcntl(fd, F_SETFL, O_NONBLOCK);
 }
 
-#ifdef __linux__
-/*
- * On Linux the child is started with clone(CLONE_VM | CLONE_VFORK |
- * CLONE_PIDFD) on a stack of its own: vfork()'s semantics, plus the child's
- * pidfd, made before the child can run.  Its exit status can then be read
- * from the pidfd (PIDFD_INFO_EXIT, kill.c) even when the kernel reaped it at
- * once (the caller ignores SIGCHLD) or a SIGCHLD handler of the caller's took
- * it with waitpid(-1); a pidfd_open() after vfork() comes too late for a
- * command that exits at once.  A kernel before 5.2 refuses CLONE_PIDFD with
- * EINVAL: it is asked again without, as when the caller's stdio is closed.
- */
+/* The child's stack (Linux: it runs on a stack of its own, see bp_child_start). */
 #define CHILD_STACK_SIZE (64 * 1024)
-#ifndef CLONE_PIDFD
-#define CLONE_PIDFD 0x00001000  /* Linux 5.2; C library headers may predate it */
-#endif
-
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define BP_ASAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define BP_ASAN 1
-#endif
-#ifdef BP_ASAN
-void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
-#endif
-
-static int child_entry(void *a)
-{
-    bp_child_main(a);
-}
-
-__attribute__((noinline)) static pid_t spawn_child(const struct bp_child_args *a, int *err,
-                                                   int *pidfd)
-{
-    *pidfd = -1;
-    void *stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (stack == MAP_FAILED) {
-        *err = errno;
-        return -1;
-    }
-    char *top = (char *)stack + CHILD_STACK_SIZE;
-    int flags = CLONE_VM | CLONE_VFORK | SIGCHLD;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    /* The pidfd takes the lowest free fd, reserved in the table the child copies: with
-     * one of 0..2 closed in the caller, the child's dup2() onto it would fail (EBUSY). */
-    int stdio_open = fcntl(0, F_GETFD) >= 0 && fcntl(1, F_GETFD) >= 0 && fcntl(2, F_GETFD) >= 0;
-    pid_t pid = -1;
-    errno = EINVAL;
-    if (stdio_open)
-        pid = clone(child_entry, top, flags | CLONE_PIDFD, (void *)a, pidfd);
-    if (pid < 0 && errno == EINVAL) {
-        *pidfd = -1;
-        pid = clone(child_entry, top, flags, (void *)a);
-    }
-    *err = errno;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-#ifdef BP_ASAN
-    __asan_unpoison_memory_region(stack, CHILD_STACK_SIZE);  /* the child's redzones */
-#endif
-    (void)munmap(stack, CHILD_STACK_SIZE);
-    if (pid < 0)
-        *pidfd = -1;
-    return pid;
-}
-#else
-/* vfork with every signal blocked, so that no handler of the caller runs in
- * the borrowed address space; the child empties its mask before exec.  Kept
- * in a frame of its own so no caller variable is live across vfork(). */
-__attribute__((noinline)) static pid_t spawn_child(const struct bp_child_args *a, int *err,
-                                                   int *pidfd)
-{
-    *pidfd = -1;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid_t pid = vfork();
-    if (pid == 0)
-        bp_child_main(a);
-    *err = errno;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    return pid;
-}
-#endif
 
 void bp__spawn_failed(struct bp_run *run, int stage, int err)
 {
@@ -232,16 +146,16 @@ static int stdio_failed(struct bp_run *run, int child[3], int ours[3], int stage
     return 0;
 }
 
-/* An uncontained start: vfork here, report through a close-on-exec pipe. */
+/* An uncontained start, here.  The child's pidfd is asked for at the start
+ * (CLONE_PIDFD): its exit status can then be read from it (PIDFD_INFO_EXIT,
+ * kill.c) even when the kernel reaped the child at once (the caller ignores
+ * SIGCHLD) or a SIGCHLD handler of the caller's took it with waitpid(-1); a
+ * pidfd_open() after the start comes too late for a command that exits at
+ * once. */
 static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int *err)
 {
     const struct bp_spec *spec = run->spec;
-    int ep[2];
-    if (make_pipe(ep) < 0) {
-        *stage = BP_STAGE_PIPE;
-        *err = errno;
-        return -1;
-    }
+    struct bp_child_error report;
     struct bp_child_args a;
     memset(&a, 0, sizeof a);
     a.exec_paths = spec->exec_paths;
@@ -251,7 +165,7 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
     a.in = child[0];
     a.out = child[1];
     a.err = child[2];
-    a.errpipe = ep[1];
+    a.report = &report;
     a.new_session = spec->new_session;
     a.rlimits_soft = spec->rlimits_soft;
     a.rlimits_hard = spec->rlimits_hard;
@@ -261,31 +175,23 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
     a.ngroups = spec->ngroups;
     a.parent = getpid();
     a.hello_fd = -1;
-    int fork_errno = 0, pidfd = -1;
-    pid_t pid = spawn_child(&a, &fork_errno, &pidfd);
-    bp__close_fd(&ep[1]);
-    if (pid < 0) {
-        bp__close_fd(&ep[0]);
+    void *stack = NULL;
+#ifdef __linux__
+    stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED) {
         *stage = BP_STAGE_FORK;
-        *err = fork_errno;
+        *err = errno;
         return -1;
     }
-    struct bp_child_error ce;
-    ssize_t n;
-    do {
-        n = read(ep[0], &ce, sizeof ce);
-    } while (n < 0 && errno == EINTR);
-    bp__close_fd(&ep[0]);
-    if (n != 0) {
-        bp__close_fd(&pidfd);
-        int status;
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-            ;
-        *stage = n == (ssize_t)sizeof ce ? ce.stage : BP_STAGE_EXEC;
-        *err = n == (ssize_t)sizeof ce ? ce.err : EIO;
-        return -1;
-    }
-    run->spawn_pidfd = pidfd;
+#endif
+    int pidfd = -1;
+    pid_t pid = bp_child_start(&a, stack, CHILD_STACK_SIZE, &pidfd, stage, err);
+#ifdef __linux__
+    (void)munmap(stack, CHILD_STACK_SIZE);
+#endif
+    if (pid > 0)
+        run->spawn_pidfd = pidfd;
     return pid;
 }
 
@@ -347,7 +253,7 @@ int bp__spawn(struct bp_run *run)
     run->out.fd = ours[1];
     run->err.fd = ours[2];
     for (int i = 0; i < 3; i++)
-        if (ours[i] >= 0)
+        if (ours[i] >= 0 && !(i == 0 && spec->stdin_len == 0))  /* that one is closed at once */
             (void)set_nonblock(ours[i]);
     return 0;
 }

@@ -584,25 +584,37 @@ void bp__sup_signal(struct bp_run *run, int sig)
     }
 }
 
+/* FINAL: the leader's status and the run's resource use into the result. */
+static void take_final(struct bp_run *run, const struct bp_sup_msg *m)
+{
+    struct bp_result *res = run->res;
+    bp__record_status(res, m->status);
+    res->user_time = (double)m->utime_us / 1e6;
+    res->system_time = (double)m->stime_us / 1e6;
+    res->max_rss = m->maxrss_kb * 1024;
+    res->unkilled = m->unkilled;
+    if (!m->reusable)
+        run->sup->broken = 1;  /* it exits: something of this run lives on */
+}
+
 /* The exit fd (the supervisor's socket) is readable. */
 void bp__sup_event(struct bp_run *run)
 {
     struct bp_sup_msg m;
-    ssize_t n;
-    do {
-        n = recv(run->sup->sock, &m, sizeof m, MSG_PEEK | MSG_DONTWAIT);
-    } while (n < 0 && errno == EINTR);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+    int got = recv_msg(run->sup->sock, &m);
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         return;
-    if (n == (ssize_t)sizeof m && (m.type == BP_MSG_EXITED || m.type == BP_MSG_LEADER
-                                   || m.type == BP_MSG_SPAWNED)) {
-        (void)recv(run->sup->sock, &m, sizeof m, MSG_DONTWAIT);
+    if (got == 1 && (m.type == BP_MSG_EXITED || m.type == BP_MSG_LEADER
+                     || m.type == BP_MSG_SPAWNED)) {
         if (m.type == BP_MSG_EXITED)
             run->leader_exited = 1;
         return;
     }
-    if (n == (ssize_t)sizeof m && m.type == BP_MSG_FINAL) {
-        run->leader_exited = 1;  /* finished on its own: left unread for the reap */
+    if (got == 1 && m.type == BP_MSG_FINAL) {
+        /* It finished on its own (the leader exited alone): the run's end
+         * needs nothing more from it (bp__sup_reap). */
+        take_final(run, &m);
+        run->leader_exited = 1;
         run->sup_final = 1;
         return;
     }
@@ -621,8 +633,12 @@ void bp__sup_event(struct bp_run *run)
  */
 int bp__sup_reap(struct bp_run *run)
 {
-    struct bp_result *res = run->res;
     struct bp_sup *sup = run->sup;
+    run->exit_fd = -1;
+    if (run->sup_final) {
+        run->reaped = 1;  /* its FINAL was taken as it came (bp__sup_event) */
+        return 0;
+    }
     if (!run->sup_dead && !run->sigkill_sent)
         bp__signal_group(run, SIGKILL);
     int64_t until = bp__now_ns() + kill_budget(run) + 300000000;
@@ -661,21 +677,14 @@ int bp__sup_reap(struct bp_run *run)
         final = m.type == BP_MSG_FINAL;
     }
     run->reaped = 1;
-    run->exit_fd = -1;
     if (final) {
-        bp__record_status(res, m.status);
-        res->user_time = (double)m.utime_us / 1e6;
-        res->system_time = (double)m.stime_us / 1e6;
-        res->max_rss = m.maxrss_kb * 1024;
-        res->unkilled = m.unkilled;
-        if (!m.reusable)
-            sup->broken = 1;  /* it exits: something of this run lives on */
+        take_final(run, &m);
         return 0;
     }
     /* It died or did not answer: the group is ours to kill now. */
     (void)kill(run->spec->new_session ? -run->pid : run->pid, SIGKILL);
     sup->broken = 1;
-    res->runner_status = reap_sup(sup, 100, 1);
+    run->res->runner_status = reap_sup(sup, 100, 1);
     (void)kill(run->spec->new_session ? -run->pid : run->pid, SIGKILL);
     bp__record_unknown_status(run->res);
     return 0;

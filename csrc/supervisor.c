@@ -68,6 +68,7 @@ struct sup {
     int sfd;              /* signalfd: SIGCHLD, SIGHUP (parent death) */
     int caller_fd;        /* pidfd of the caller's process, -1: none */
     int proc_ok;          /* /proc is our namespace's */
+    int kids_fd;          /* /proc/self/task/TID/children, open for good; -1: none */
     /* the current run */
     pid_t leader;
     int new_session;
@@ -149,28 +150,24 @@ static long parse_pids(const char *buf, size_t len, pid_t skip, pid_t *out, long
 static long list_children(const struct sup *s, pid_t skip, pid_t *out)
 {
     long n = 0;
-    if (s->proc_ok) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)s->self);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            /* One read of a large buffer; the kernel fills it from a
-             * consistent walk of our children list. */
-            static char buf[MAX_KIDS * 12];
-            size_t got = 0;
-            for (;;) {
-                ssize_t r = read(fd, buf + got, sizeof buf - got);
-                if (r < 0 && errno == EINTR)
-                    continue;
-                if (r <= 0)
-                    break;
-                got += (size_t)r;
-                if (got == sizeof buf)
-                    break;
-            }
-            close(fd);
-            return parse_pids(buf, got, skip, out, 0);
+    if (s->kids_fd >= 0) {
+        /* Read from offset 0 each time: the kernel walks our children list
+         * afresh for a read at 0 (one read of a large buffer sees one
+         * consistent walk), and the file stays open, so the common case costs
+         * two reads, not an open of /proc as well. */
+        static char buf[MAX_KIDS * 12];
+        size_t got = 0;
+        for (;;) {
+            ssize_t r = pread(s->kids_fd, buf + got, sizeof buf - got, (off_t)got);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                break;
+            got += (size_t)r;
+            if (got == sizeof buf)
+                break;
         }
+        return parse_pids(buf, got, skip, out, 0);
     }
     /* Probe: a descendant's pid was allocated after the leader's. */
     pid_t base = s->leader > 0 ? s->leader : 1;
@@ -393,16 +390,9 @@ static char **split(char **p, char *end, int n)
     return v;
 }
 
-/* In a frame of its own, so no caller variable is live across vfork().
- * Every signal is blocked here already, as the child needs. */
-__attribute__((noinline)) static pid_t vfork_leader(const struct bp_child_args *a, int *err)
-{
-    pid_t pid = vfork();
-    if (pid == 0)
-        bp_child_main(a);
-    *err = errno;
-    return pid;
-}
+/* The leader's stack while it runs on our memory (one run at a time). */
+#define LEADER_STACK_SIZE (64 * 1024)
+static char leader_stack[LEADER_STACK_SIZE] __attribute__((aligned(64)));
 
 /* Start the leader; returns its pid, or 0 after reporting SPAWN_FAILED. */
 static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fds)
@@ -456,12 +446,7 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
         memcpy(groups, p, (size_t)ngroups * sizeof(uint32_t));
     }
 
-    int ep[2];
-    if (pipe2(ep, O_CLOEXEC) < 0) {
-        stage = BP_STAGE_PIPE;
-        err = errno;
-        goto fail;
-    }
+    struct bp_child_error report;
     struct bp_child_args a;
     memset(&a, 0, sizeof a);
     a.exec_paths = paths;
@@ -471,7 +456,8 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
     a.in = fds->std[0];
     a.out = fds->std[1];
     a.err = fds->std[2];
-    a.errpipe = ep[1];
+    a.report = &report;
+    a.clean_parent = 1;  /* main(): every disposition default, every signal blocked */
     a.new_session = cmd->new_session;
     a.rlimits_soft = cmd->rlimits_soft;
     a.rlimits_hard = cmd->rlimits_hard;
@@ -481,28 +467,8 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
     a.ngroups = ngroups;
     a.parent = s->self;
     a.hello_fd = s->sock;
-    int fork_errno = 0;
-    pid = vfork_leader(&a, &fork_errno);
-    close(ep[1]);
+    pid = bp_child_start(&a, leader_stack, sizeof leader_stack, NULL, &stage, &err);
     if (pid < 0) {
-        close(ep[0]);
-        stage = BP_STAGE_FORK;
-        err = fork_errno;
-        pid = 0;
-        goto fail;
-    }
-    struct bp_child_error ce;
-    ssize_t n;
-    do {
-        n = read(ep[0], &ce, sizeof ce);
-    } while (n < 0 && errno == EINTR);
-    close(ep[0]);
-    if (n != 0) {
-        int status;
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-            ;
-        stage = n == (ssize_t)sizeof ce ? ce.stage : BP_STAGE_EXEC;
-        err = n == (ssize_t)sizeof ce ? ce.err : EIO;
         pid = 0;
         goto fail;
     }
@@ -687,6 +653,12 @@ int main(int argc, char **argv)
         (void)fcntl(s.caller_fd, F_SETFD, FD_CLOEXEC);
 #endif
     s.proc_ok = proc_is_ours(s.self);
+    s.kids_fd = -1;
+    if (s.proc_ok) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)s.self);
+        s.kids_fd = open(path, O_RDONLY | O_CLOEXEC);  /* -1: probed instead */
+    }
     send_simple(&s, BP_MSG_HELLO, (int)s.self, stage, err);
     if (stage != 0)
         return 1;
