@@ -69,7 +69,9 @@ struct bp_child_args {
     const uint32_t *groups;         /* supplementary groups; ngroups < 0: unchanged */
     int ngroups;
     pid_t parent;                   /* die with it: exit at once if it is already gone */
-    int hello_fd;                   /* >= 0: send BP_MSG_LEADER with our pid there before exec */
+    volatile int32_t *leader_slot;  /* not NULL: our pid is written there before exec (memory
+                                     * the supervisor shares with the core) */
+    int hello_fd;                   /* >= 0 (and no slot): send BP_MSG_LEADER there instead */
 };
 
 __attribute__((noreturn)) static inline void bp_child_fail(const struct bp_child_args *a,
@@ -234,9 +236,11 @@ __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child
     sigset_t none;
     sigemptyset(&none);
     (void)sigprocmask(SIG_SETMASK, &none, NULL);
-    if (a->hello_fd >= 0) {
+    if (a->leader_slot != NULL) {
         /* The core learns the leader's pid even if the supervisor dies
-         * between our exec and its own report. */
+         * between our exec and its own report, and without a wakeup. */
+        *a->leader_slot = (int32_t)getpid();
+    } else if (a->hello_fd >= 0) {
         struct bp_sup_msg m;
         memset(&m, 0, sizeof m);
         m.type = BP_MSG_LEADER;

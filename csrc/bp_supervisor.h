@@ -20,6 +20,7 @@
  *   supervisor -> core (struct bp_sup_msg)
  *     BP_MSG_HELLO        at start: err 0, or the stage/errno that refused it
  *     BP_MSG_LEADER       sent by the leader itself just before its exec: pid
+ *                         (only when the supervisor has no shared page, below)
  *     BP_MSG_SPAWNED      the leader exec'd: pid
  *     BP_MSG_SPAWN_FAILED stage/err say why; nothing is running
  *     BP_MSG_EXITED       the leader exited (still unreaped)
@@ -29,6 +30,19 @@
  *                         unasked, in place of EXITED, when the leader exited
  *                         and left nothing behind.  `reusable` 0: the
  *                         supervisor exits after it (something is left).
+ *
+ * The shared page: a memfd of one page, the supervisor's fd 4 at its start
+ * (BP_SUP_PAGE_FD), mapped shared by the core and the supervisor, and so by
+ * the leader, which runs on the supervisor's memory until its exec.  Its
+ * first int32 is the current run's leader pid: the core zeroes it before
+ * RUN, and the leader writes its pid there just before its exec.  If the
+ * supervisor dies before SPAWNED, the core still knows which group to kill,
+ * and no message wakes it for that.  Without the page (it could not be
+ * made), the leader sends BP_MSG_LEADER instead.
+ *
+ * The supervisor holds the child's stdout and stderr ends (copies) from RUN
+ * until just after FINAL: the core sees the pipes' EOF, and FINAL, at one
+ * wakeup at the run's end instead of two.
  *
  * A spec of at most BP_SPEC_INLINE_MAX bytes travels in the RUN record itself,
  * after the header; a larger one in a memfd.  Either holds, back to back: cwd (if has_cwd), argv, envp and the
@@ -54,6 +68,9 @@
 
 /* The supervisor's end of the socket, in the supervisor. */
 #define BP_SUP_FD 3
+/* The shared page's memfd, in the supervisor at its start (if there is one). */
+#define BP_SUP_PAGE_FD 4
+#define BP_SUP_PAGE_SIZE 4096
 
 struct bp_sup_cmd {
     int32_t type;

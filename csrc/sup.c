@@ -5,13 +5,16 @@
  * caller keeps one per thread and never shares one between two runs at once.
  * Its lifecycle, as the core sees it:
  *
- *   start    vfork+exec of the supervisor program with its socket as fd 3;
- *            it answers HELLO (or the stage and errno that refused it, which
- *            the caller may take as "containment unavailable here").
+ *   start    vfork+exec of the supervisor program with its socket as fd 3
+ *            and the shared page as fd 4 (bp_supervisor.h); it answers HELLO
+ *            (or the stage and errno that refused it, which the caller may
+ *            take as "containment unavailable here").
  *   run      BP_CMD_RUN with the spec inline (a memfd past 48 KiB) and the
- *            child's stdio fds;
- *            LEADER (from the leader itself, before its exec), then SPAWNED
- *            or SPAWN_FAILED; EXITED; SIGNAL/KILL from us; FINAL.
+ *            child's stdio fds; the leader's pid in the shared page (or a
+ *            LEADER message without one), then SPAWNED or SPAWN_FAILED;
+ *            EXITED; SIGNAL/KILL from us; FINAL.  A run that leaves nothing
+ *            behind costs us two wakeups: SPAWNED, and FINAL with the pipes'
+ *            EOF (the supervisor holds the output ends until FINAL).
  *   death    at any point the supervisor may die (a command that kills its
  *            parent, a kill from outside) or stop answering (SIGSTOP).  Every
  *            wait on it is bounded.  If it dies, the leader dies with it (its
@@ -51,6 +54,7 @@
 struct bp_sup {
     pid_t pid;
     int sock;
+    volatile int32_t *page; /* shared with it (bp_supervisor.h); NULL: none */
     int broken;             /* dead, unresponsive or tainted: never reuse */
     pid_t owner;            /* the process that started it */
 };
@@ -147,6 +151,19 @@ static int reap_sup(struct bp_sup *sup, int ms, int kill_first)
     return status;
 }
 
+static volatile int32_t *map_page(int fd)
+{
+    void *p = mmap(NULL, BP_SUP_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    return p == MAP_FAILED ? NULL : (volatile int32_t *)p;
+}
+
+static void unmap_page(struct bp_sup *sup)
+{
+    if (sup->page != NULL)
+        (void)munmap((void *)sup->page, BP_SUP_PAGE_SIZE);
+    sup->page = NULL;
+}
+
 /*
  * bp_sup_start: start a supervisor from the program at path, with envp as
  * its environment (a snapshot of the caller's: the live environ may be
@@ -182,9 +199,23 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
         errno = e;
         return -1;
     }
+    /* The shared page (bp_supervisor.h); without one, the leader reports
+     * itself by a message. */
+    int page_fd = (int)syscall(SYS_memfd_create, "boundedproc-page", 1U /* MFD_CLOEXEC */);
+    if (page_fd >= 0 && page_fd <= BP_SUP_PAGE_FD) {
+        /* Above the fds the child sets up (3, 4), so no dup2() there clobbers it. */
+        int moved = fcntl(page_fd, F_DUPFD_CLOEXEC, BP_SUP_PAGE_FD + 1);
+        bp__close_fd(&page_fd);
+        page_fd = moved;
+    }
+    if (page_fd >= 0 && (ftruncate(page_fd, BP_SUP_PAGE_SIZE) < 0
+                         || (sup->page = map_page(page_fd)) == NULL))
+        bp__close_fd(&page_fd);
     char caller[24];
     snprintf(caller, sizeof caller, "%ld", (long)getpid());
-    char *argv[] = {(char *)path, caller, NULL};
+    char page_arg[8];
+    snprintf(page_arg, sizeof page_arg, "%d", BP_SUP_PAGE_FD);
+    char *argv[] = {(char *)path, caller, page_fd >= 0 ? page_arg : NULL, NULL};
     int child_sock = sv[1];
     int errw = ep[1];
 
@@ -200,8 +231,15 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
                        : dup2(child_sock, BP_SUP_FD);
         if (kept < 0)
             goto child_fail;
-        if (syscall(SYS_close_range, BP_SUP_FD + 1, ~0U, 4U) != 0) { /* CLOSE_RANGE_CLOEXEC */
-            for (int fd = BP_SUP_FD + 1; fd < 65536; fd++)
+        int first_closed = BP_SUP_FD + 1;
+        if (page_fd >= 0) {
+            /* Above 4 already (lifted), so fd 4 holds nothing the socket needs. */
+            if (dup2(page_fd, BP_SUP_PAGE_FD) < 0)
+                goto child_fail;
+            first_closed = BP_SUP_PAGE_FD + 1;
+        }
+        if (syscall(SYS_close_range, first_closed, ~0U, 4U) != 0) { /* CLOSE_RANGE_CLOEXEC */
+            for (int fd = first_closed; fd < 65536; fd++)
                 (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
         }
         (void)fcntl(errw, F_SETFD, FD_CLOEXEC);
@@ -216,9 +254,11 @@ child_fail: {
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     bp__close_fd(&sv[1]);
     bp__close_fd(&ep[1]);
+    bp__close_fd(&page_fd);  /* the mapping stays */
     if (pid < 0) {
         bp__close_fd(&sv[0]);
         bp__close_fd(&ep[0]);
+        unmap_page(sup);
         free(sup);
         *stage = BP_STAGE_FORK;
         errno = fork_errno;
@@ -252,6 +292,7 @@ child_fail: {
     if (fail_stage != 0) {
         bp__close_fd(&sup->sock);
         (void)reap_sup(sup, 1000, 0);
+        unmap_page(sup);
         free(sup);
         *stage = fail_stage;
         errno = fail_err;
@@ -295,6 +336,7 @@ void bp_sup_free(struct bp_sup *sup)
     bp__close_fd(&sup->sock);
     if (sup->owner == getpid())
         (void)reap_sup(sup, 200, 0);
+    unmap_page(sup);
     free(sup);
     errno = saved;
 }
@@ -309,6 +351,7 @@ void bp_sup_forget(struct bp_sup *sup)
         return;
     int saved = errno;
     bp__close_fd(&sup->sock);
+    unmap_page(sup);
     free(sup);
     errno = saved;
 }
@@ -475,6 +518,8 @@ pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err
         else
             fds[nfds++] = child[i];
     }
+    if (sup->page != NULL)
+        sup->page[0] = 0;  /* the leader writes its pid here before its exec */
     int rc = send_cmd(sup, &cmd, fds, nfds, cmd.inline_spec ? blob : NULL,
                       cmd.inline_spec ? len : 0);
     int send_errno = errno;
@@ -489,7 +534,8 @@ pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err
         return -1;
     }
     /*
-     * LEADER (from the leader itself, before its exec), then SPAWNED or SPAWN_FAILED,
+     * SPAWNED or SPAWN_FAILED (after LEADER, from the leader itself before its exec, when
+     * there is no shared page),
      * waited for here and nowhere else, so the loop never sees a start report.  Bounded:
      * SPAWN_WAIT_MS for the supervisor to answer at all, looking every BP_SUP_CHECK_NS
      * whether the command stopped it (then it is continued: bp__sup_revive); Ctrl-C (the
@@ -520,6 +566,10 @@ pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err
         if (got != 1) {
             /* Dead (EOF) or silent: it cannot serve this run. */
             sup_failed(run, ready == 0 ? BP_RUNNER_UNRESPONSIVE : BP_RUNNER_DIED);
+            if (leader <= 0 && sup->page != NULL && sup->page[0] > 0) {
+                leader = sup->page[0];  /* it got as far as its exec */
+                run->start_ns = bp__now_ns();
+            }
             if (leader > 0) {
                 run->sup_dead = 1;
                 return leader;  /* started: the loop ends it and kills its group */

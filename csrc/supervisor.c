@@ -69,6 +69,8 @@ struct sup {
     int caller_fd;        /* pidfd of the caller's process, -1: none */
     int proc_ok;          /* /proc is our namespace's */
     int kids_fd;          /* /proc/self/task/TID/children, open for good; -1: none */
+    volatile int32_t *page;  /* the page shared with the core (bp_supervisor.h), or NULL */
+    int held[2];          /* the child's stdout and stderr ends, held until FINAL; -1: none */
     /* the current run */
     pid_t leader;
     int new_session;
@@ -212,6 +214,17 @@ static long reap_orphans(struct sup *s)
     }
 }
 
+/* Let go of the child's output ends: with FINAL sent first, the core finds
+ * both at its one wakeup (bp_supervisor.h). */
+static void release_held(struct sup *s)
+{
+    for (int i = 0; i < 2; i++) {
+        if (s->held[i] >= 0)
+            (void)close(s->held[i]);
+        s->held[i] = -1;
+    }
+}
+
 /* The leader exited and no other child is left: the run's whole tree is
  * gone (every live descendant would be our child, or have a live parent
  * that is) and cannot grow again.  Kill the group (the rule, and harmless),
@@ -233,6 +246,7 @@ static void finish_alone(struct sup *s)
     s->leader = 0;
     s->exited = 0;
     send_msg(s, &m);
+    release_held(s);
 }
 
 /* Signal the leader's group (while the leader is unreaped) and every
@@ -310,6 +324,7 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
     s->exited = 0;
     if (report)
         send_msg(s, &m);
+    release_held(s);
     if (left > 0)
         _exit(0);  /* something of this run lives on: never reuse us */
 }
@@ -466,6 +481,7 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
     a.groups = groups;
     a.ngroups = ngroups;
     a.parent = s->self;
+    a.leader_slot = s->page;
     a.hello_fd = s->sock;
     pid = bp_child_start(&a, leader_stack, sizeof leader_stack, NULL, &stage, &err);
     if (pid < 0) {
@@ -522,7 +538,14 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
     s->new_session = cmd->new_session;
     s->exited = 0;
     s->leader = start_leader(s, cmd, fds);
-    close_run_fds(fds);  /* hold nothing of the run's: the pipes' EOF is the run's */
+    if (s->leader > 0) {
+        /* Hold the output ends until FINAL (bp_supervisor.h); nothing else
+         * of the run's: stdin's EOF is the command's. */
+        s->held[0] = fds->std[1];
+        s->held[1] = fds->std[2];
+        fds->std[1] = fds->std[2] = -1;
+    }
+    close_run_fds(fds);
     if (s->leader <= 0)
         return 0;
     send_simple(s, BP_MSG_SPAWNED, (int)s->leader, 0, 0);
@@ -600,6 +623,13 @@ int main(int argc, char **argv)
     memset(&s, 0, sizeof s);
     s.sock = BP_SUP_FD;
     s.caller_fd = -1;
+    s.held[0] = s.held[1] = -1;
+    if (argc > 2 && atoi(argv[2]) == BP_SUP_PAGE_FD) {  /* the core passed the page */
+        void *page = mmap(NULL, BP_SUP_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
+                          BP_SUP_PAGE_FD, 0);
+        s.page = page == MAP_FAILED ? NULL : page;
+        (void)close(BP_SUP_PAGE_FD);
+    }
     s.self = getpid();
     s.caller = argc > 1 ? (pid_t)atol(argv[1]) : getppid();
 

@@ -249,6 +249,39 @@ def test_supervisor_killed_before_it_reports(parent_killer: Path, tmp_path: Path
     assert run(["echo", "ok"]).ok
 
 
+def test_supervisor_killed_before_it_reports_under_load(parent_killer: Path,
+                                                        tmp_path: Path) -> None:
+    """The same with the supervisor starved, so that it dies before it could report the
+    start: each run is still known to have started, with its pid (the leader writes its
+    pid into the page the core shares with the supervisor, just before its exec, and the
+    core kills that group), and says runner failed."""
+    log = tmp_path / "starts"
+    with starved_supervisors() as starve:
+        for _ in range(20):
+            starve()
+            r = run([str(parent_killer), str(log)], timeout=5)
+            assert r.runner_error is not None and r.runner_error.startswith("runner failed: "), r
+            assert r.spawned and r.pid is not None and r.exit_code != 0, r
+            assert wait_dead([r.pid]) == []
+    assert log.read_text().count("x") <= 20
+
+
+def test_a_run_that_leaves_nothing_wakes_the_caller_twice() -> None:
+    """A contained run whose command leaves nothing behind makes the calling thread wait
+    twice: for the start report, and at the end, where FINAL and the pipes' EOF come
+    together (the supervisor holds the output ends until it has sent FINAL, and the leader
+    writes its pid into the shared page instead of sending a message).  Counted as this
+    thread's voluntary context switches over 300 runs: about 2 a run, where the leader's
+    message, the start report, the EOF and FINAL each woke it before (about 3.6)."""
+    assert run(["true"]).ok  # this thread's supervisor, started outside the count
+    before = resource.getrusage(resource.RUSAGE_THREAD)
+    for _ in range(300):
+        assert run(["true"]).ok
+    after = resource.getrusage(resource.RUSAGE_THREAD)
+    per_run = (after.ru_nvcsw - before.ru_nvcsw) / 300
+    assert per_run < 2.75, per_run
+
+
 @pytest.mark.parametrize("free", range(17))
 def test_emfile_at_each_fd_count(free: int) -> None:
     """With 0..16 free fds a run is a result (ok or spawn failed: EMFILE), containment stays on."""
