@@ -255,8 +255,11 @@ def _acquire(explicit: bool) -> _Supervisor | _StartFailure | None:
 
 
 def _release(sup: _Supervisor) -> None:
+    # The run just ended with it: only what the run found counts here (no system call);
+    # _acquire looks again before the next run.
     idle: list[_Supervisor] | None = getattr(_pool, "idle", None)
-    if sup.usable() and idle is not None and len(idle) < _MAX_IDLE:
+    if (sup.ptr is not None and lib.bp_sup_reusable(sup.ptr) and idle is not None
+            and len(idle) < _MAX_IDLE):
         idle.append(sup)
     else:
         sup.free()

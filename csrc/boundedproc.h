@@ -184,6 +184,7 @@ int bp_group_alive(int pgid);
 int bp_contain_supported(void);
 int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *stage);
 int bp_sup_usable(const struct bp_sup *sup);
+int bp_sup_reusable(const struct bp_sup *sup);
 int bp_sup_pid(const struct bp_sup *sup);
 void bp_sup_free(struct bp_sup *sup);
 void bp_sup_forget(struct bp_sup *sup);

@@ -317,6 +317,13 @@ int bp_sup_usable(const struct bp_sup *sup)
     return rc == 0;
 }
 
+/* bp_sup_reusable: 1 unless a run found sup dead, unresponsive or tainted;
+ * no system call (bp_sup_usable still looks before the next run). */
+int bp_sup_reusable(const struct bp_sup *sup)
+{
+    return sup != NULL && !sup->broken && sup->sock >= 0;
+}
+
 /* bp_sup_pid: the supervisor's pid (for tests and diagnostics). */
 int bp_sup_pid(const struct bp_sup *sup)
 {
@@ -753,6 +760,12 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
 }
 
 int bp_sup_usable(const struct bp_sup *sup)
+{
+    (void)sup;
+    return 0;
+}
+
+int bp_sup_reusable(const struct bp_sup *sup)
 {
     (void)sup;
     return 0;
