@@ -266,6 +266,59 @@ def test_supervisor_killed_before_it_reports_under_load(parent_killer: Path,
     assert log.read_text().count("x") <= 20
 
 
+def test_supervisor_without_a_shared_page(parent_killer: Path, tmp_path: Path) -> None:
+    """A supervisor started when the memfd for its shared page cannot be made (one fd short):
+    it serves runs all the same, and its leader reports its pid by a message instead, so a
+    starved supervisor that its command kills before it reports still leaves a run known to
+    have started, with its pid."""
+    out = child_python(f"""
+        import json, os, resource, subprocess, sys
+        from boundedproc import run, _native
+        assert run(["true"], contain=False).ok  # the signal wakeup pipe, made once
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        held = []
+        while True:
+            try:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        for fd in held[-4:]:  # a socket pair and a pipe fit; the page's memfd does not
+            os.close(fd)
+        first = run(["true"])
+        for fd in held[:-4]:
+            os.close(fd)
+        pids = _native.supervisor_pids()
+        with open(f"/proc/{{pids[0]}}/maps") as f:
+            paged = "boundedproc-page" in f.read()
+        ok = run(["echo", "hi"])
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(2 * (os.cpu_count() or 1))]
+        killed = []
+        try:
+            for _ in range(10):
+                assert run(["true"]).ok
+                for pid in _native.supervisor_pids():
+                    os.setpriority(os.PRIO_PROCESS, pid, 19)
+                r = run([{str(parent_killer)!r}, {str(tmp_path / "starts")!r}], timeout=5)
+                killed.append([r.spawned, r.pid, r.runner_error])
+        finally:
+            for hog in hogs:
+                hog.kill()
+                hog.wait()
+        print(json.dumps({{"first": first.runner_error, "paged": paged, "ok": ok.stdout.decode(),
+                          "killed": killed}}))
+        """)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["first"].startswith("spawn failed: EMFILE"), data
+    assert data["paged"] is False  # the fallback is what ran
+    assert data["ok"] == "hi\n"
+    for spawned, pid, err in data["killed"]:
+        assert err.startswith("runner failed: ") and spawned and pid, data["killed"]
+    assert wait_dead([pid for _, pid, _ in data["killed"]]) == []
+
+
 def test_a_run_that_leaves_nothing_wakes_the_caller_twice() -> None:
     """A contained run whose command leaves nothing behind makes the calling thread wait
     twice: for the start report, and at the end, where FINAL and the pipes' EOF come
