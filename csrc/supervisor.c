@@ -149,9 +149,16 @@ static long parse_pids(const char *buf, size_t len, pid_t skip, pid_t *out, long
 }
 
 /* Every child of ours but `skip`, from /proc when it is ours, else probed. */
-static long list_children(const struct sup *s, pid_t skip, pid_t *out)
+static long list_children(struct sup *s, pid_t skip, pid_t *out)
 {
     long n = 0;
+    if (s->kids_fd < 0 && s->proc_ok) {
+        /* Opened once, at the first need (again after a failure such as ENFILE:
+         * the probe below is far slower). */
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)s->self);
+        s->kids_fd = open(path, O_RDONLY | O_CLOEXEC);
+    }
     if (s->kids_fd >= 0) {
         /* Read from offset 0 each time: the kernel walks our children list
          * afresh for a read at 0 (one read of a large buffer sees one
@@ -683,12 +690,7 @@ int main(int argc, char **argv)
         (void)fcntl(s.caller_fd, F_SETFD, FD_CLOEXEC);
 #endif
     s.proc_ok = proc_is_ours(s.self);
-    s.kids_fd = -1;
-    if (s.proc_ok) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)s.self);
-        s.kids_fd = open(path, O_RDONLY | O_CLOEXEC);  /* -1: probed instead */
-    }
+    s.kids_fd = -1;  /* opened at the first need (list_children) */
     send_simple(&s, BP_MSG_HELLO, (int)s.self, stage, err);
     if (stage != 0)
         return 1;
