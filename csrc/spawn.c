@@ -11,11 +11,9 @@
 #include "bp_child.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #ifdef __APPLE__

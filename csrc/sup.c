@@ -302,10 +302,17 @@ child_fail: {
     return 0;
 }
 
+/* bp_sup_reusable: 1 unless a run found sup dead, unresponsive or tainted;
+ * no system call (bp_sup_usable still looks before the next run). */
+int bp_sup_reusable(const struct bp_sup *sup)
+{
+    return sup != NULL && !sup->broken && sup->sock >= 0;
+}
+
 /* bp_sup_usable: 1 when sup may serve another run (in this process). */
 int bp_sup_usable(const struct bp_sup *sup)
 {
-    if (sup == NULL || sup->broken || sup->sock < 0 || sup->owner != getpid())
+    if (!bp_sup_reusable(sup) || sup->owner != getpid())
         return 0;
     /* An idle supervisor sends nothing: a readable socket is its EOF (it was
      * killed between runs). */
@@ -315,13 +322,6 @@ int bp_sup_usable(const struct bp_sup *sup)
         rc = poll(&p, 1, 0);
     } while (rc < 0 && errno == EINTR);
     return rc == 0;
-}
-
-/* bp_sup_reusable: 1 unless a run found sup dead, unresponsive or tainted;
- * no system call (bp_sup_usable still looks before the next run). */
-int bp_sup_reusable(const struct bp_sup *sup)
-{
-    return sup != NULL && !sup->broken && sup->sock >= 0;
 }
 
 /* bp_sup_pid: the supervisor's pid (for tests and diagnostics). */
