@@ -34,6 +34,27 @@ def child_python(script: str, timeout: float = 60.0, **kw: object) -> subprocess
                           text=True, timeout=timeout, env=importable_env(), check=False, **kw)
 
 
+# For a child_python script: all fds of the process but `free` in use, under a limit of 256.
+HOLD_ALL_FDS_BUT = """
+import os, resource
+
+def hold_all_fds_but(free):
+    \"\"\"Open /dev/null until RLIMIT_NOFILE (lowered to 256) is reached, close `free` of
+    them again, and return the others, for the script to close.\"\"\"
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    held = []
+    while True:
+        try:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            break
+    for fd in held[len(held) - free:]:
+        os.close(fd)
+    return held[:len(held) - free]
+"""
+
+
 def assert_runner_failed(r: object) -> None:
     """A run whose supervisor failed: said so, spawned, never 0."""
     assert r.runner_error is not None and r.runner_error.startswith("runner failed: ")
@@ -271,22 +292,13 @@ def test_supervisor_without_a_shared_page(parent_killer: Path, tmp_path: Path) -
     it serves runs all the same, and its leader reports its pid by a message instead, so a
     starved supervisor that its command kills before it reports still leaves a run known to
     have started, with its pid."""
-    out = child_python(f"""
-        import json, os, resource, subprocess, sys
+    out = child_python(HOLD_ALL_FDS_BUT + textwrap.dedent(f"""
+        import json, os, subprocess, sys
         from boundedproc import run, _native
         assert run(["true"], contain=False).ok  # the signal wakeup pipe, made once
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
-        held = []
-        while True:
-            try:
-                held.append(os.open(os.devnull, os.O_RDONLY))
-            except OSError:
-                break
-        for fd in held[-4:]:  # a socket pair and a pipe fit; the page's memfd does not
-            os.close(fd)
+        held = hold_all_fds_but(4)  # a socket pair and a pipe fit; the page's memfd does not
         first = run(["true"])
-        for fd in held[:-4]:
+        for fd in held:
             os.close(fd)
         pids = _native.supervisor_pids()
         with open(f"/proc/{{pids[0]}}/maps") as f:
@@ -308,7 +320,7 @@ def test_supervisor_without_a_shared_page(parent_killer: Path, tmp_path: Path) -
                 hog.wait()
         print(json.dumps({{"first": first.runner_error, "paged": paged, "ok": ok.stdout.decode(),
                           "killed": killed}}))
-        """)
+        """))
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout.strip().splitlines()[-1])
     assert data["first"].startswith("spawn failed: EMFILE"), data
@@ -338,30 +350,21 @@ def test_a_run_that_leaves_nothing_wakes_the_caller_twice() -> None:
 @pytest.mark.parametrize("free", range(17))
 def test_emfile_at_each_fd_count(free: int) -> None:
     """With 0..16 free fds a run is a result (ok or spawn failed: EMFILE), containment stays on."""
-    out = child_python(f"""
-        import json, os, resource
+    out = child_python(HOLD_ALL_FDS_BUT + textwrap.dedent(f"""
+        import json
         from boundedproc import run, _native
         run(["true"])  # a supervisor exists; a second thread-free case below starts fresh
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
-        held = []
-        while True:
-            try:
-                held.append(os.open(os.devnull, os.O_RDONLY))
-            except OSError:
-                break
-        for fd in held[len(held) - {free}:]:
-            os.close(fd)
+        held = hold_all_fds_but({free})
         results = []
         for contain in (None, False):
             r = run(["echo", "hi"], contain=contain)
             results.append([r.exit_code, r.runner_error, r.stdout.decode()])
-        for fd in held[:len(held) - {free}]:
+        for fd in held:
             os.close(fd)
         after = run(["echo", "hi"])
         print(json.dumps({{"results": results, "after": after.ok,
                           "contain": _native.CONTAIN_SUPPORTED}}))
-        """)
+        """))
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout.strip().splitlines()[-1])
     assert data["after"] and data["contain"]
