@@ -17,7 +17,7 @@ import types
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from boundedproc._version import __version__
@@ -243,15 +243,21 @@ def _acquire(explicit: bool) -> _Supervisor | _StartFailure | None:
     stage = ffi.new("int *")
     envp, _entries = _supervisor_environment()
     if lib.bp_sup_start(SUPERVISOR_PATH.encode(), envp, out, stage) < 0:
-        err = ffi.errno
-        systemic = err in _SYSTEMIC and stage[0] not in (lib.BP_STAGE_FORK, lib.BP_STAGE_PIPE)
-        if systemic and not explicit:
-            _refuse(stage[0], err)
-            return None
-        return _StartFailure(stage[0], err)
+        return _sup_start_failed(stage[0], ffi.errno, explicit)
     sup = _Supervisor(out[0])
     _every.add(sup)
     return sup
+
+
+def _sup_start_failed(stage: int, err: int, explicit: bool) -> _StartFailure | None:
+    """A supervisor that would not start: this run's spawn failure, or ``None`` when the
+    system refuses supervisors for good and the run may go uncontained (then containment
+    is off from now on, with a warning)."""
+    systemic = err in _SYSTEMIC and stage not in (lib.BP_STAGE_FORK, lib.BP_STAGE_PIPE)
+    if systemic and not explicit:
+        _refuse(stage, err)
+        return None
+    return _StartFailure(stage, err)
 
 
 def _release(sup: _Supervisor) -> None:
@@ -515,26 +521,8 @@ def _take(run: object, stream: int, length: int) -> bytes:
     return out
 
 
-def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None = None,
-            control: RunControl | None = None) -> NativeOutcome:
-    """Spawn and wait for one command.
-
-    Args:
-        spec: What to run.
-        on_output: ``on_output(stream, chunk)`` for every chunk read, called
-            here (the calling thread) right after each read, before the next.
-        control: Attached to the run while it is in flight.
-
-    Returns:
-        The core's report, with the kept output.
-
-    Raises:
-        MemoryError: the core could not allocate its run handle or a buffer.
-        OSError: poll() itself failed (never because of the command).
-        KeyboardInterrupt: and any exception a signal handler or ``on_output``
-            raises: the group has been killed and the leader reaped before it
-            propagates.
-    """
+def _cspec(spec: NativeSpec, report_chunks: bool) -> tuple[Any, list[object]]:
+    """``spec`` as a ``struct bp_spec``, and what it points to (keep it alive with it)."""
     keep: list[object] = []
     c = ffi.new("struct bp_spec *")
     c.argv = _cstrings(spec.argv, keep)
@@ -575,10 +563,34 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
     c.first_signal = spec.first_signal
     c.new_session = int(spec.new_session)
     c.keep = spec.keep
-    c.report_chunks = int(on_output is not None)
+    c.report_chunks = int(report_chunks)
     c.rlimits_soft = list(spec.rlimits_soft)
     c.rlimits_hard = list(spec.rlimits_hard)
 
+    return c, keep
+
+
+def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None = None,
+            control: RunControl | None = None) -> NativeOutcome:
+    """Spawn and wait for one command.
+
+    Args:
+        spec: What to run.
+        on_output: ``on_output(stream, chunk)`` for every chunk read, called
+            here (the calling thread) right after each read, before the next.
+        control: Attached to the run while it is in flight.
+
+    Returns:
+        The core's report, with the kept output.
+
+    Raises:
+        MemoryError: the core could not allocate its run handle or a buffer.
+        OSError: poll() itself failed (never because of the command).
+        KeyboardInterrupt: and any exception a signal handler or ``on_output``
+            raises: the group has been killed and the leader reaped before it
+            propagates.
+    """
+    c, _keep = _cspec(spec, on_output is not None)
     res = ffi.new("struct bp_result *")
     handle = ffi.new("struct bp_run **")
     if _wake_pipe is None and threading.current_thread() is threading.main_thread():
@@ -674,20 +686,28 @@ def _drive(c: Any, res: Any, handle: Any, sup: _Supervisor | None,
                 if rc == _DONE:
                     break
                 if rc < 0:
-                    if res.err_stage == lib.BP_STAGE_ALLOC:
-                        raise MemoryError("boundedproc: cannot grow an output buffer")
-                    raise OSError(
-                        res.err_errno,
-                        f"boundedproc: {stage_name(res.err_stage)} failed: "
-                        f"{os.strerror(res.err_errno)}",
-                    )
+                    raise _wait_error(res)
                 wake.drain()  # BP_AGAIN: pending handlers run at the next bytecode
-            stdout = _take(run, lib.BP_STDOUT, res.stdout_len)
-            stderr = _take(run, lib.BP_STDERR, res.stderr_len)
+            outcome = _outcome(run, res, sup_pid)
         finally:
             if control is not None:
                 control._run = None
             lib.bp_free(handle[0])  # kills and reaps a run that an exception interrupted
+    return outcome
+
+
+def _wait_error(res: Any) -> BaseException:
+    """What ``bp_wait`` failing (never because of the command) raises."""
+    if res.err_stage == lib.BP_STAGE_ALLOC:
+        return MemoryError("boundedproc: cannot grow an output buffer")
+    return OSError(res.err_errno,
+                   f"boundedproc: {stage_name(res.err_stage)} failed: {os.strerror(res.err_errno)}")
+
+
+def _outcome(run: Any, res: Any, sup_pid: int) -> NativeOutcome:
+    """A finished run's report, with its kept output taken out of the core."""
+    stdout = _take(run, lib.BP_STDOUT, res.stdout_len)
+    stderr = _take(run, lib.BP_STDERR, res.stderr_len)
     return NativeOutcome(
         spawned=bool(res.spawned),
         pid=res.pid,
@@ -716,3 +736,126 @@ def _drive(c: Any, res: Any, handle: Any, sup: _Supervisor | None,
         raw_exit_code=res.raw_exit_code,
         runner_failure=_runner_failure(res, sup_pid),
     )
+
+
+# --- run_many's runs, driven by the core's own threads (csrc/batch.c) ----------------
+
+
+@dataclass(slots=True)
+class BatchDone:
+    """One run of a ``Batch`` that is over, as ``Batch.next`` hands it back."""
+
+    tag: int
+    outcome: NativeOutcome | None  # None: an error, or not spawned (its switch was set)
+    error: BaseException | None  # what run() would have raised for it
+    duration: float  # seconds from a worker taking it up to its end
+
+
+class Batch:
+    """Runs specs on up to ``jobs`` threads of the core, with no Python between runs.
+
+    One thread (``run_many``'s consumer) submits and takes back; each spec, its
+    C struct and its ``bp_result`` stay referenced here until its run is taken
+    back.  Each worker keeps its own supervisor, one run at a time (batch.c).
+    ``close`` waits for every worker, so every run in flight ends (or is
+    killed, once its cancel switch is set) before it returns.
+    """
+
+    __slots__ = ("__weakref__", "_done", "_env", "_forked", "_inflight", "_ptr")
+
+    def __init__(self, jobs: int) -> None:
+        """Raises OSError or MemoryError (out of fds or memory): nothing was started."""
+        out = ffi.new("struct bp_batch **")
+        self._env = _supervisor_environment()
+        if lib.bp_batch_new(jobs, SUPERVISOR_PATH.encode(), self._env[0], out) < 0:
+            err = ffi.errno
+            if err == _errno.ENOMEM:
+                raise MemoryError("boundedproc: cannot allocate a batch")
+            raise OSError(err, f"boundedproc: cannot make a batch: {os.strerror(err)}")
+        self._ptr: Any = out[0]
+        self._done = ffi.new("struct bp_batch_done *")
+        self._inflight: dict[int, tuple[NativeSpec, Any, list[object], Any]] = {}
+        self._forked = False  # set in a forked child, where it is unusable
+        _batches.add(self)
+
+    def submit(self, tag: int, spec: NativeSpec) -> None:
+        """Queue ``spec``'s run; ``tag`` names it in ``next``.
+
+        Raises:
+            OSError: not one worker thread could be started (nothing was queued).
+        """
+        ptr = self._live()
+        c, keep = _cspec(spec, False)
+        c.wake_fd = -1
+        res = ffi.new("struct bp_result *")
+        if lib.bp_batch_submit(ptr, c, res, tag) < 0:
+            err = ffi.errno
+            raise OSError(err, f"boundedproc: cannot start a run_many worker: {os.strerror(err)}")
+        self._inflight[tag] = (spec, c, keep, res)
+
+    def next(self) -> BatchDone | None:
+        """Wait for a run to end (Ctrl-C interrupts the wait); ``None`` when the one that
+        ended was queued again, uncontained, because this system refuses supervisors."""
+        ptr = self._live()
+        done = self._done
+        with _Wakeup() as wake:
+            while (rc := lib.bp_batch_next(ptr, wake.fd, done)) != 0:
+                if rc < 0:
+                    err = ffi.errno
+                    raise OSError(err, f"boundedproc: poll failed: {os.strerror(err)}")
+                wake.drain()  # BP_AGAIN: pending handlers run at the next bytecode
+        tag, kind, run = done.tag, done.rc, done.run
+        spec, _c, _keep, res = self._inflight.pop(tag)
+        duration = (done.end_ns - done.start_ns) / 1e9
+        if kind == lib.BP_BATCH_DONE:
+            try:
+                return BatchDone(tag, _outcome(run, res, done.sup_pid), None, duration)
+            finally:
+                lib.bp_free(run)
+        if kind == lib.BP_BATCH_FAILED:
+            lib.bp_free(run)  # already ended and reaped by its worker
+            return BatchDone(tag, None, _wait_error(res), duration)
+        if kind == lib.BP_BATCH_NO_HANDLE:
+            return BatchDone(tag, None, MemoryError("boundedproc: cannot allocate a run handle"),
+                             duration)
+        if kind == lib.BP_BATCH_NO_SUPERVISOR:
+            # (refused already, by a run of another worker: warned once, then uncontained)
+            failure = (None if not spec.contain_explicit and not CONTAIN_SUPPORTED
+                       else _sup_start_failed(done.stage, done.err, spec.contain_explicit))
+            if failure is None:
+                self.submit(tag, replace(spec, contain=False))
+                return None
+            return BatchDone(tag, _spawn_failure(failure), None, duration)
+        assert_never_state(kind == lib.BP_BATCH_CANCELLED, f"batch run ended with {kind}")
+        return BatchDone(tag, None, None, duration)
+
+    def _live(self) -> Any:
+        if self._forked:
+            raise RuntimeError("boundedproc: a run_many iterator cannot go on in a forked child")
+        assert_never_state(self._ptr is not None, "a closed batch was used")
+        return self._ptr
+
+    def close(self) -> None:
+        """Wait for every worker (each frees its supervisor) and free the rest."""
+        ptr, self._ptr = self._ptr, None
+        if ptr is not None:
+            lib.bp_batch_free(ptr)
+        self._inflight.clear()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+_batches: weakref.WeakSet[Batch] = weakref.WeakSet()
+
+
+def _forget_batches_after_fork() -> None:
+    # The child has none of the workers: drop our copies of their supervisors' sockets.
+    for batch in list(_batches):
+        if batch._ptr is not None:
+            lib.bp_batch_forget(batch._ptr)
+        batch._ptr = None
+        batch._forked = True
+
+
+os.register_at_fork(after_in_child=_forget_batches_after_fork)

@@ -449,7 +449,8 @@ def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes 
     return None
 
 
-def _to_result(out: _native.NativeOutcome, prepared: Prepared, started: float) -> AnyResult:
+def _to_result(out: _native.NativeOutcome, prepared: Prepared, started: float,
+               duration: float | None = None) -> AnyResult:
     opts = prepared.options
     return _make(
         opts.text, out.stdout, out.stderr,
@@ -465,7 +466,7 @@ def _to_result(out: _native.NativeOutcome, prepared: Prepared, started: float) -
                                    prepared.spec.cwd if prepared.spec else opts.cwd, opts),
         term_signal=out.term_signal or None,
         pid=out.pid if out.spawned else None,
-        duration=time.monotonic() - started,
+        duration=time.monotonic() - started if duration is None else duration,
         output_bytes=out.output_bytes,
         user_time=out.user_time,
         system_time=out.system_time,

@@ -40,6 +40,21 @@ thread of its own.  A thread costs about 33 KiB of RSS here, plus a Cancel's
 two pipe fds for the task-cancel switch.  Pool threads stay (idle, blocked on
 a queue) after a burst, as asyncio's default executor's do.
 
+``run_many``: the core's own threads
+------------------------------------
+A plain command of ``run_many`` (one with neither ``on_output`` nor
+``tmpdir``) runs on a thread of the C core (``csrc/batch.c``, driven by
+``_native.Batch``): the iterating thread prepares each command exactly as
+``run()`` does (``_run.prepare``), hands the spec over, and builds the
+``Result`` when the run is back, so the GIL is taken once a command, not at
+each step of every worker's run.  Each core thread keeps one supervisor, one
+run at a time, looked at before each run and replaced when a run leaves it
+unusable; it frees it before it ends, and it dies with the process.  A
+command that needs Python in its thread (a callback, a directory to remove)
+switches the rest of the call to Python workers that call ``run()``, after
+every earlier result was yielded.  ``Result.duration`` of a core-thread run
+counts from the thread taking it up to its end.
+
 Beyond ``ASYNC_MAX_THREADS`` concurrent calls, the extra runs wait in the
 pool's queue before they spawn; their ``timeout`` counts from their own spawn,
 as with ``run()``.  Wrap the await in ``asyncio.timeout`` for a bound that
@@ -52,10 +67,12 @@ import asyncio
 import contextlib
 import errno
 import importlib
+import itertools
 import os
 import queue
 import sys
 import threading
+import time
 import types
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
@@ -63,7 +80,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
-from boundedproc import _command
+from boundedproc import _command, _native, _run
 from boundedproc._cancel import ALSO_CANCEL, Cancel
 from boundedproc._command import Command, StrOrBytesPath
 from boundedproc._options import (
@@ -75,8 +92,9 @@ from boundedproc._options import (
     OutputCallback,
     StdinSource,
     StdioTarget,
+    validate,
 )
-from boundedproc._result import AnyResult, Result
+from boundedproc._result import AnyResult, ProcessFailed, Result
 from boundedproc._run import run, unknown_keyword
 
 if TYPE_CHECKING:
@@ -661,11 +679,166 @@ def _work(tasks: queue.SimpleQueue[_Task], switch: Cancel) -> None:
 def _many(source: Iterator[Command | Job], jobs: int, progress: bool, total: int | None,
           options: dict[str, Any]) -> Generator[Any, None, None]:
     # Runs at the first next(): an iterator never started spawns, draws, holds nothing.
+    bar = _progress_bar(total) if progress else None
+    try:
+        batch = _new_batch(jobs) if _batchable(options) else None
+        if batch is not None:
+            rest = yield from _many_batch(batch, source, jobs, bar, options)
+            if rest is _NO_REST:
+                return
+            source = itertools.chain([rest], source)
+        yield from _many_threads(source, jobs, bar, options)
+    finally:
+        if bar is not None:
+            with contextlib.suppress(Exception):
+                bar.close()
+
+
+def _batchable(options: Mapping[str, Any]) -> bool:
+    """Whether a command with these (merged) options can run on a core thread: one
+    with ``on_output`` or ``tmpdir`` needs Python in the thread that runs it."""
+    return options.get("on_output") is None and not options.get("tmpdir")
+
+
+def _new_batch(jobs: int) -> _native.Batch | None:
+    """A batch of ``jobs`` core threads, or None (out of fds or memory: the Python
+    workers then run everything, and report such a shortage run by run)."""
+    try:
+        if threading.current_thread() is threading.main_thread():
+            _native._get_wake_pipe()  # made once: the consumer's wait wakes on Ctrl-C
+        return _native.Batch(jobs)
+    except (OSError, MemoryError):
+        return None
+
+
+_NO_REST = object()
+
+
+class _BatchSlot:
+    """One command of ``_many_batch``: prepared in the consumer, run on a core thread,
+    its ``Result`` (or what run() would have raised) built when its run is back."""
+
+    __slots__ = ("error", "prepared", "result", "started")
+
+    def __init__(self, cmd: Any, opts: dict[str, Any], switch: Cancel) -> None:
+        """Raises TypeError, ValueError: what run() raises for a caller bug."""
+        self.started = time.monotonic()
+        self.result: AnyResult | None = None
+        self.error: BaseException | None = None
+        shell = opts.pop("shell")
+        token = ALSO_CANCEL.set(switch)
+        try:
+            self.prepared = _run.prepare(cmd, shell, validate(**opts))
+        finally:
+            ALSO_CANCEL.reset(token)
+        if self.prepared.spec is None:
+            self._set(_run._not_spawned(self.prepared, self.started))
+
+    def _set(self, result: AnyResult) -> None:
+        self.result = result
+        if self.prepared.options.check:
+            try:
+                result.check()
+            except ProcessFailed as err:  # raised by the iterator in its turn, as run() would
+                self.error = err
+
+    def finish(self, done: _native.BatchDone) -> None:
+        if done.error is not None:
+            self.error = done.error
+        elif done.outcome is None:  # its switch was set before its turn
+            self._set(_run._not_spawned(replace(self.prepared, spec=None, cancelled=True),
+                                        self.started))
+        else:
+            self._set(_run._to_result(done.outcome, self.prepared, self.started,
+                                      duration=done.duration))
+
+    def take(self, batch: _native.Batch, running: dict[int, _BatchSlot]) -> AnyResult:
+        """Its result, waiting for runs to end (any order) until its own has."""
+        while self.result is None and self.error is None:
+            done = batch.next()
+            if done is not None:
+                running.pop(done.tag).finish(done)
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+def _many_batch(batch: _native.Batch, source: Iterator[Any], jobs: int, bar: Any,
+                options: dict[str, Any]) -> Generator[Any, None, Any]:
+    """``run_many`` on the core's threads (csrc/batch.c): Python prepares each command
+    and builds its result in the consumer; nothing runs in Python between its runs.
+
+    Returns the first item that needs a Python worker (``_batchable``), after every
+    earlier result was yielded, or ``_NO_REST``.
+    """
+    window = 2 * jobs
+    switch = Cancel()  # one switch for every run of this call: set on early close
+    pending: deque[_BatchSlot | _Raise] = deque()
+    running: dict[int, _BatchSlot] = {}
+    tags = itertools.count()
+    rest: Any = _NO_REST
+    more = True
+
+    def fill() -> None:
+        nonlocal more, rest
+        while more and len(pending) < window:
+            try:
+                item = next(source)
+            except StopIteration:
+                more = False
+                return
+            except Exception as err:  # noqa: BLE001  the input failed: raise it in its turn
+                pending.append(_Raise(err))
+                more = False
+                return
+            try:
+                cmd, opts = _per_command(item, options)
+                if not _batchable(opts):
+                    rest, more = item, False  # for the Python workers, after these
+                    return
+                slot = _BatchSlot(cmd, opts, switch)
+            except (TypeError, ValueError) as err:
+                pending.append(_Raise(err))
+                more = False
+                return
+            pending.append(slot)
+            if slot.result is None and slot.prepared.spec is not None:
+                tag = next(tags)
+                batch.submit(tag, slot.prepared.spec)
+                running[tag] = slot
+
+    owner = os.getpid()
+    finished = False
+    try:
+        fill()
+        while pending:
+            head = pending.popleft()
+            if isinstance(head, _Raise):
+                raise head.error
+            result = head.take(batch, running)
+            fill()  # keep the workers busy while the consumer handles this one
+            if bar is not None:
+                bar.update(1)
+            yield result
+        finished = True
+        return rest
+    finally:
+        if os.getpid() == owner:  # a forked child's copy of the switch is the parent's
+            if not finished:
+                switch.cancel()  # in-flight runs end now; queued ones spawn nothing
+            batch.close()  # waits for every worker: every run's group is killed and reaped
+        switch.close()
+
+
+def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
+                  options: dict[str, Any]) -> Generator[Any, None, None]:
+    # Python workers that call run(): for commands with on_output or tmpdir, which
+    # need Python in the thread that runs them.
     #
     # Its own workers, not a ThreadPoolExecutor: a command costs a queue put and get
     # and a lock, not a Future with its condition variable, and every microsecond of
     # Python here holds the GIL that the other workers' runs need (B9).
-    bar = _progress_bar(total) if progress else None
     window = 2 * jobs
     switch = Cancel()  # one switch for every run of this call: set on early close
     tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
@@ -729,9 +902,6 @@ def _many(source: Iterator[Command | Job], jobs: int, progress: bool, total: int
         for worker in workers:
             worker.join()  # every run's group is killed and reaped by now
         switch.close()
-        if bar is not None:
-            with contextlib.suppress(Exception):
-                bar.close()
 
 
 def _measure_async(n: int = 200, seconds: float = 0.5) -> None:

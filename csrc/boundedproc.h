@@ -170,6 +170,25 @@ struct bp_result {
 
 struct bp_run;
 struct bp_sup;
+struct bp_batch;
+
+/* bp_batch_done.rc: how a batch's run ended (batch.c). */
+#define BP_BATCH_DONE 0           /* ran to BP_DONE: take its output, then bp_free(run) */
+#define BP_BATCH_FAILED 1         /* bp_wait failed (res err_stage/err_errno); already ended */
+#define BP_BATCH_NO_HANDLE 2      /* bp_start could not allocate the run: nothing spawned */
+#define BP_BATCH_NO_SUPERVISOR 3  /* bp_sup_start failed at stage with err: nothing spawned */
+#define BP_BATCH_CANCELLED 4      /* a cancel fd was readable at its turn: nothing spawned */
+
+struct bp_batch_done {
+    int64_t tag;                  /* the caller's, from bp_batch_submit */
+    struct bp_run *run;           /* BP_BATCH_DONE/FAILED: the caller frees it; else NULL */
+    int rc;                       /* BP_BATCH_* */
+    int stage;                    /* BP_BATCH_NO_SUPERVISOR: bp_sup_start's stage ... */
+    int err;                      /* ... and errno */
+    int sup_pid;                  /* the supervisor that ran it; 0: none */
+    int64_t start_ns;             /* CLOCK_MONOTONIC when a worker took it ... */
+    int64_t end_ns;               /* ... and when it was over */
+};
 
 const char *bp_version(void);
 int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_sup *sup,
@@ -188,3 +207,9 @@ int bp_sup_reusable(const struct bp_sup *sup);
 int bp_sup_pid(const struct bp_sup *sup);
 void bp_sup_free(struct bp_sup *sup);
 void bp_sup_forget(struct bp_sup *sup);
+int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct bp_batch **out);
+int bp_batch_submit(struct bp_batch *b, const struct bp_spec *spec, struct bp_result *res,
+                    int64_t tag);
+int bp_batch_next(struct bp_batch *b, int wake_fd, struct bp_batch_done *out);
+void bp_batch_free(struct bp_batch *b);
+void bp_batch_forget(struct bp_batch *b);

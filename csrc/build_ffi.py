@@ -22,7 +22,7 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SOURCES = ["spawn.c", "loop.c", "output.c", "kill.c", "sup.c"]
+SOURCES = ["spawn.c", "loop.c", "output.c", "kill.c", "sup.c", "batch.c"]
 SUPERVISOR_SOURCES = ["supervisor.c"]
 SUPERVISOR = "_bp_supervisor"
 

@@ -1,0 +1,367 @@
+/*
+ * batch.c: run_many's runs driven by threads of the core, with no Python
+ * between one run and the next.
+ *
+ * A batch is a fixed number of worker threads (started as work arrives, at
+ * most `jobs`), a queue of specs to run and a queue of finished runs.  The
+ * caller (one Python thread, holding the specs, the results and the order in
+ * which to yield them) submits a spec with a tag, and takes finished runs back
+ * in any order with bp_batch_next, which waits on an eventfd beside its own
+ * wake fd (Ctrl-C).  A worker runs one spec at a time, start to BP_DONE, as
+ * bp_start/bp_wait do for a caller in Python, and hands the still-allocated run
+ * back: the caller takes the output and frees it.
+ *
+ * Supervisors: each worker starts its own (on its first contained run) and
+ * reuses it run after run, as a Python thread does with its pool: one run at a
+ * time per supervisor, so an orphan is never attributed to another run.  It
+ * is looked at before each run (bp_sup_usable) and replaced when a run left
+ * it unusable.  Its parent-death signal is tied to the worker thread, which
+ * frees it (socket closed, reaped) before it ends; if the whole process dies,
+ * it dies with it.  A supervisor that cannot be started is reported with the
+ * run (BP_BATCH_NO_SUPERVISOR) and nothing is spawned: the caller decides
+ * between a spawn failure and an uncontained run, as it does for run().
+ *
+ * Signals: the workers block every signal, so Python's handlers run in its
+ * own threads and a worker's poll is never interrupted.  Cancel: a spec whose
+ * cancel fd is readable when a worker picks it up is not spawned
+ * (BP_BATCH_CANCELLED); one in flight ends through the core's own loop.
+ */
+#include "bp_internal.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef __linux__
+#include <sys/eventfd.h>
+#endif
+
+struct item {
+    struct item *next;
+    const struct bp_spec *spec;
+    struct bp_result *res;
+    struct bp_batch_done done;
+};
+
+struct bp_batch {
+    pthread_mutex_t lock;
+    pthread_cond_t todo_cv;
+    struct item *todo, *todo_last;  /* FIFO: runs start in the order submitted */
+    struct item *done, *done_last;
+    int notify[2];                  /* [0] polled by the caller; [1] written by workers
+                                       (one eventfd in both where there is one) */
+    int jobs, nthreads, idle, stopping;
+    pid_t owner;
+    char *sup_path;
+    char *const *sup_envp;          /* the caller's, kept alive until bp_batch_free */
+    struct bp_sup **sups;           /* each worker's, for bp_batch_forget */
+    pthread_t *threads;
+};
+
+struct worker_arg {
+    struct bp_batch *b;
+    int index;
+};
+
+static void push(struct item **head, struct item **last, struct item *it)
+{
+    it->next = NULL;
+    if (*last != NULL)
+        (*last)->next = it;
+    else
+        *head = it;
+    *last = it;
+}
+
+static struct item *pop(struct item **head, struct item **last)
+{
+    struct item *it = *head;
+    if (it != NULL) {
+        *head = it->next;
+        if (*head == NULL)
+            *last = NULL;
+    }
+    return it;
+}
+
+/* Whether a spec's cancel fd is readable now (one poll, no wait). */
+static int cancelled_now(const struct bp_spec *spec)
+{
+    struct pollfd p[2];
+    nfds_t n = 0;
+    if (spec->cancel_fd >= 0)
+        p[n++] = (struct pollfd){.fd = spec->cancel_fd, .events = POLLIN};
+    if (spec->cancel_fd2 >= 0)
+        p[n++] = (struct pollfd){.fd = spec->cancel_fd2, .events = POLLIN};
+    if (n == 0)
+        return 0;
+    int rc;
+    do {
+        rc = poll(p, n, 0);
+    } while (rc < 0 && errno == EINTR);
+    return rc > 0;
+}
+
+/* One run, start to end, with the worker's supervisor (started or replaced here). */
+static void run_item(struct bp_batch *b, int index, struct bp_sup **sup, struct item *it)
+{
+    struct bp_batch_done *d = &it->done;
+    d->start_ns = bp__now_ns();
+    if (cancelled_now(it->spec)) {
+        d->rc = BP_BATCH_CANCELLED;
+        return;
+    }
+    struct bp_sup *use = NULL;
+    if (it->spec->contain) {
+        if (*sup != NULL && !bp_sup_usable(*sup)) {
+            bp_sup_free(*sup);
+            *sup = b->sups[index] = NULL;
+        }
+        if (*sup == NULL) {
+            int stage = 0;
+            if (bp_sup_start(b->sup_path, b->sup_envp, sup, &stage) < 0) {
+                d->rc = BP_BATCH_NO_SUPERVISOR;
+                d->stage = stage;
+                d->err = errno;
+                *sup = NULL;
+                return;
+            }
+            b->sups[index] = *sup;
+        }
+        use = *sup;
+        d->sup_pid = bp_sup_pid(use);
+    }
+    struct bp_run *run = NULL;
+    if (bp_start(it->spec, it->res, use, &run) < 0) {
+        d->rc = BP_BATCH_NO_HANDLE;
+        return;
+    }
+    int rc;
+    do {
+        rc = bp_wait(run);
+    } while (rc == BP_AGAIN || rc == BP_CHUNK);
+    if (rc < 0)
+        bp_abort(run);  /* ended here, while its supervisor is surely still ours */
+    d->run = run;
+    d->rc = rc < 0 ? BP_BATCH_FAILED : BP_BATCH_DONE;
+    if (use != NULL && !bp_sup_reusable(use)) {
+        bp_sup_free(use);
+        *sup = b->sups[index] = NULL;
+    }
+}
+
+static void notify(struct bp_batch *b)
+{
+    uint64_t one = 1;
+    ssize_t w;
+    do {
+        w = write(b->notify[1], &one, b->notify[0] == b->notify[1] ? sizeof one : 1);
+    } while (w < 0 && errno == EINTR);
+    /* EAGAIN: a full pipe is already readable, which is all the caller needs */
+}
+
+static void *worker(void *p)
+{
+    struct worker_arg arg = *(struct worker_arg *)p;
+    free(p);
+    struct bp_batch *b = arg.b;
+    struct bp_sup *sup = NULL;
+    pthread_mutex_lock(&b->lock);
+    for (;;) {
+        struct item *it = pop(&b->todo, &b->todo_last);
+        if (it == NULL) {
+            if (b->stopping)
+                break;
+            b->idle++;
+            pthread_cond_wait(&b->todo_cv, &b->lock);
+            b->idle--;
+            continue;
+        }
+        pthread_mutex_unlock(&b->lock);
+        run_item(b, arg.index, &sup, it);
+        it->done.end_ns = bp__now_ns();
+        pthread_mutex_lock(&b->lock);
+        push(&b->done, &b->done_last, it);
+        notify(b);
+    }
+    b->sups[arg.index] = NULL;
+    pthread_mutex_unlock(&b->lock);
+    if (sup != NULL)
+        bp_sup_free(sup);
+    return NULL;
+}
+
+int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct bp_batch **out)
+{
+    *out = NULL;
+    if (jobs < 1) {
+        errno = EINVAL;
+        return -1;
+    }
+    struct bp_batch *b = calloc(1, sizeof *b);
+    if (b == NULL)
+        return -1;
+    b->jobs = jobs;
+    b->owner = getpid();
+    b->sup_envp = sup_envp;
+    b->notify[0] = b->notify[1] = -1;
+    b->sup_path = sup_path != NULL ? strdup(sup_path) : NULL;
+    b->sups = calloc((size_t)jobs, sizeof *b->sups);
+    b->threads = calloc((size_t)jobs, sizeof *b->threads);
+    if ((sup_path != NULL && b->sup_path == NULL) || b->sups == NULL || b->threads == NULL)
+        goto fail;
+#ifdef __linux__
+    b->notify[0] = b->notify[1] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (b->notify[0] < 0)
+        goto fail;
+#else
+    if (pipe(b->notify) < 0)
+        goto fail;
+    for (int i = 0; i < 2; i++)
+        if (fcntl(b->notify[i], F_SETFL, O_NONBLOCK) < 0 || fcntl(b->notify[i], F_SETFD, FD_CLOEXEC) < 0)
+            goto fail;
+#endif
+    pthread_mutex_init(&b->lock, NULL);
+    pthread_cond_init(&b->todo_cv, NULL);
+    *out = b;
+    return 0;
+fail:;
+    int saved = errno;
+    if (b->notify[1] >= 0 && b->notify[1] != b->notify[0])
+        close(b->notify[1]);
+    if (b->notify[0] >= 0)
+        close(b->notify[0]);
+    free(b->sup_path);
+    free(b->sups);
+    free(b->threads);
+    free(b);
+    errno = saved;
+    return -1;
+}
+
+/* A worker, started with every signal blocked (the mask is inherited). */
+static int start_worker(struct bp_batch *b)
+{
+    struct worker_arg *arg = malloc(sizeof *arg);
+    if (arg == NULL)
+        return ENOMEM;
+    arg->b = b;
+    arg->index = b->nthreads;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    (void)pthread_attr_setstacksize(&attr, 256 * 1024);
+    int rc = pthread_create(&b->threads[b->nthreads], &attr, worker, arg);
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        free(arg);
+        return rc;
+    }
+    b->nthreads++;
+    return 0;
+}
+
+int bp_batch_submit(struct bp_batch *b, const struct bp_spec *spec, struct bp_result *res,
+                    int64_t tag)
+{
+    struct item *it = calloc(1, sizeof *it);
+    if (it == NULL)
+        return -1;
+    it->spec = spec;
+    it->res = res;
+    it->done.tag = tag;
+    pthread_mutex_lock(&b->lock);
+    if (b->idle == 0 && b->nthreads < b->jobs) {
+        int rc = start_worker(b);
+        if (rc != 0 && b->nthreads == 0) {
+            pthread_mutex_unlock(&b->lock);
+            free(it);
+            errno = rc;
+            return -1;  /* no thread at all: nothing would ever run it */
+        }
+        /* otherwise the workers there are take it in their turn */
+    }
+    push(&b->todo, &b->todo_last, it);
+    pthread_cond_signal(&b->todo_cv);
+    pthread_mutex_unlock(&b->lock);
+    return 0;
+}
+
+int bp_batch_next(struct bp_batch *b, int wake_fd, struct bp_batch_done *out)
+{
+    for (;;) {
+        pthread_mutex_lock(&b->lock);
+        struct item *it = pop(&b->done, &b->done_last);
+        pthread_mutex_unlock(&b->lock);
+        if (it != NULL) {
+            *out = it->done;
+            free(it);
+            return 0;
+        }
+        struct pollfd p[2] = {{.fd = b->notify[0], .events = POLLIN},
+                              {.fd = wake_fd, .events = POLLIN}};
+        int rc = poll(p, wake_fd >= 0 ? 2 : 1, -1);
+        if (rc < 0) {
+            if (errno == EINTR)
+                return BP_AGAIN;  /* a signal: its handler may want to run */
+            return -1;
+        }
+        if (p[0].revents != 0) {
+            uint64_t drained;
+            while (read(b->notify[0], &drained, sizeof drained) > 0)
+                ;
+        }
+        if (wake_fd >= 0 && p[1].revents != 0)
+            return BP_AGAIN;
+    }
+}
+
+void bp_batch_free(struct bp_batch *b)
+{
+    if (b == NULL)
+        return;
+    pthread_mutex_lock(&b->lock);
+    b->stopping = 1;
+    pthread_cond_broadcast(&b->todo_cv);
+    pthread_mutex_unlock(&b->lock);
+    for (int i = 0; i < b->nthreads; i++)
+        pthread_join(b->threads[i], NULL);
+    struct item *it;
+    while ((it = pop(&b->done, &b->done_last)) != NULL) {
+        bp_free(it->done.run);
+        free(it);
+    }
+    if (b->notify[1] != b->notify[0])
+        close(b->notify[1]);
+    close(b->notify[0]);
+    pthread_cond_destroy(&b->todo_cv);
+    pthread_mutex_destroy(&b->lock);
+    free(b->sup_path);
+    free(b->sups);
+    free(b->threads);
+    free(b);
+}
+
+void bp_batch_forget(struct bp_batch *b)
+{
+    /* In a forked child: none of the threads exist here, and the lock may be
+     * held forever.  Close our copies of the supervisors' sockets (so that
+     * the parent's closing them still ends them) and of the notify fds;
+     * the memory stays. */
+    if (b == NULL || b->owner == getpid())
+        return;
+    for (int i = 0; i < b->jobs; i++) {
+        if (b->sups[i] != NULL)
+            bp_sup_forget(b->sups[i]);
+        b->sups[i] = NULL;
+    }
+    if (b->notify[1] != b->notify[0])
+        close(b->notify[1]);
+    close(b->notify[0]);
+    b->notify[0] = b->notify[1] = -1;
+}

@@ -1,0 +1,266 @@
+"""run_many on the core's own threads (csrc/batch.c, ``_native.Batch``).
+
+A plain command of ``run_many`` runs on a thread of the C core with a supervisor
+that thread keeps; Python only prepares it and builds its result.  These tests
+pin what that path must keep of ``run()``'s contract: containment run after
+run, supervisors replaced when they die, fork safety, the caller's death, and
+the switch to Python workers for a command that needs Python (``on_output``,
+``tmpdir``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import alive, importable_env, pids_in, wait_dead, wait_for_pids
+
+from boundedproc import Job, _native, run_many
+
+PY = sys.executable
+
+pytestmark = pytest.mark.skipif(not _native.CONTAIN_SUPPORTED,
+                                reason="containment needs Linux with a subreaper")
+
+# Each prints the supervisor's pid ($PPID of a contained leader) and then the pid
+# of a process it leaves behind.
+CATALOG = [
+    "echo $PPID; setsid sleep 30 & echo $!",
+    "echo $PPID; (sleep 30 & echo $!) ; true",
+    ("echo $PPID; f=$(mktemp); (setsid sh -c \"sleep 30 & echo \\$! > $f; wait\" &);"
+     " while [ ! -s $f ]; do sleep 0.005; done; cat $f; rm -f $f"),
+    "echo $PPID; sleep 30 & echo $!",
+]
+
+
+def python_threads() -> set[str]:
+    return {t.name for t in threading.enumerate()}
+
+
+def test_plain_commands_run_on_core_threads_not_python_ones() -> None:
+    """No Python worker thread exists while plain commands run; the batch's threads are
+    the process's own (psutil sees them) and are gone once the iterator is done."""
+    before_py = python_threads()
+    before_os = psutil.Process().num_threads()
+    seen_py: set[str] = set()
+    seen_os = 0
+    for r in run_many([["sh", "-c", "sleep 0.2; echo $$"]] * 6, jobs=3):
+        assert r.ok, r
+        seen_py |= python_threads()
+        seen_os = max(seen_os, psutil.Process().num_threads())
+    assert seen_py == before_py
+    assert seen_os >= before_os + 3  # the core's workers
+    deadline = time.monotonic() + 5
+    while psutil.Process().num_threads() > before_os and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert psutil.Process().num_threads() == before_os
+
+
+@pytest.mark.parametrize("jobs", [1, 8])
+def test_catalog_200_runs_reuse_supervisors_and_leave_nothing(jobs: int) -> None:
+    """200 contained runs of the catalog: each escapee dead when its result is yielded,
+    one supervisor per worker reused throughout, none of them left afterwards."""
+    sups: set[int] = set()
+    errors: list[str] = []
+    cmds = [["sh", "-c", CATALOG[i % len(CATALOG)]] for i in range(200)]
+    for r in run_many(cmds, jobs=jobs, timeout=10):
+        pids = pids_in(r.stdout)
+        if r.exit_code != 0 or len(pids) != 2:
+            errors.append(f"{r.args}: {r.exit_code} {r.stdout!r} {r.runner_error}")
+            continue
+        sups.add(pids[0])
+        if alive(pids[1]):
+            errors.append(f"{r.args}: escapee {pids[1]} alive after its run")
+    assert errors == []
+    assert 1 <= len(sups) <= jobs
+    assert wait_dead(sups) == []  # the workers freed them
+
+
+def test_supervisor_sigkilled_between_runs_is_replaced(tmp_path: Path) -> None:
+    """jobs=1: the first run reports its supervisor, which is SIGKILLed while the worker
+    waits for the next command; the next runs start a new one and succeed."""
+    f = tmp_path / "sup"
+
+    def source() -> Iterator[list[str]]:
+        yield ["sh", "-c", f"echo $PPID > {f}.tmp; mv {f}.tmp {f}"]
+        (sup,) = wait_for_pids(f)
+        time.sleep(0.1)  # the first run is over: the worker is idle
+        os.kill(sup, signal.SIGKILL)
+        time.sleep(0.1)
+        yield ["sh", "-c", "echo $PPID"]
+        yield ["echo", "again"]
+
+    first, second, third = run_many(source(), jobs=1)
+    assert first.ok and second.ok and third.ok, (first, second, third)
+    (old,) = wait_for_pids(f)
+    (new,) = pids_in(second.stdout)
+    assert new != old
+    assert third.stdout == b"again\n"
+
+
+def test_supervisor_killed_during_a_run_fails_that_run_only() -> None:
+    """A command that SIGKILLs its supervisor mid-run: that result says runner failed and
+    its group is dead; the runs after it on the same worker succeed."""
+    cmds = [["echo", "before"],
+            ["sh", "-c", "echo $$; sleep 30 & echo $!; sleep 0.1; kill -9 $PPID; wait"],
+            ["echo", "after"], ["sh", "-c", "echo $PPID"]]
+    before, killed, after, last = run_many(cmds, jobs=1, timeout=10)
+    assert before.ok and after.ok and last.ok, (before, after, last)
+    assert killed.runner_error is not None and killed.runner_error.startswith("runner failed")
+    assert killed.exit_code != 0 and killed.spawned
+    assert wait_dead(pids_in(killed.stdout), within=1.5) == []
+
+
+def test_fork_while_a_batch_runs() -> None:
+    """os.fork() while run_many has runs in flight: the child runs contained commands on
+    fresh supervisors and cannot go on with the parent's iterator; the parent's iterator
+    and supervisors are untouched."""
+    it = run_many([["sh", "-c", "sleep 0.3; echo $PPID"]] * 8, jobs=2, timeout=10)
+    first = next(it)
+    assert first.ok
+    parent_sups = set(pids_in(first.stdout))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            res = list(run_many([["sh", "-c", "echo $PPID; setsid sleep 30 & echo $!"]] * 4,
+                                jobs=2))
+            ok = all(x.ok for x in res)
+            pids = [pids_in(x.stdout) for x in res]
+            sups = sorted({p[0] for p in pids})
+            escaped = [p[1] for p in pids if alive(p[1])]
+            try:
+                next(it)
+                went_on = "yes"
+            except RuntimeError as err:
+                went_on = str(err)
+            os.write(w, json.dumps({"ok": ok, "sups": sups, "escaped": escaped,
+                                    "went_on": went_on}).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = json.loads(os.read(r, 65536))
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert data["ok"] and data["escaped"] == []
+    assert not set(data["sups"]) & parent_sups
+    assert "forked child" in data["went_on"]
+    rest = list(it)
+    assert len(rest) == 7 and all(x.ok for x in rest), rest
+    assert all(alive(p) for p in parent_sups) or rest  # used again by the parent's runs
+    assert {p for x in rest for p in pids_in(x.stdout)} & parent_sups
+
+
+CALLER = """
+from boundedproc import run_many
+cmds = [["sh", "-c", "setsid sleep 60 & echo $! > {f}.{{i}}.tmp; echo $$ >> {f}.{{i}}.tmp; "
+         "mv {f}.{{i}}.tmp {f}.{{i}}; sleep 60"]]
+for r in run_many([["sh", "-c", c[2].replace("{{i}}", str(i))] for i, c in enumerate(cmds * 3)],
+                  jobs=3, timeout=120):
+    print(r, flush=True)
+"""
+
+
+def test_caller_sigkill_kills_every_run_in_flight(tmp_path: Path, reaper: list[int]) -> None:
+    """The caller of run_many SIGKILLed with 3 runs in flight on the core's threads: every
+    leader and every setsid escapee dies within about a second."""
+    f = tmp_path / "pids"
+    code = CALLER.format(f=f)
+    caller = subprocess.Popen([PY, "-c", code], env=importable_env(),
+                              stdout=subprocess.DEVNULL)
+    try:
+        pids = [p for i in range(3) for p in wait_for_pids(Path(f"{f}.{i}"))]
+        reaper.extend(pids)
+        assert len(pids) == 6 and all(alive(p) for p in pids)
+        caller.kill()
+        caller.wait(10)
+        assert wait_dead(pids, within=3.0) == []
+    finally:
+        caller.kill()
+
+
+def test_many_calls_leave_no_process_or_thread_behind() -> None:
+    """100 run_many calls of 2 runs each: the process's children and threads return to
+    where they were (each call's workers free their supervisors and end)."""
+    me = psutil.Process()
+    start_children = len(me.children(recursive=True))
+    start_threads = me.num_threads()
+    for _ in range(100):
+        assert all(r.ok for r in run_many([["true"], ["true"]], jobs=2))
+    deadline = time.monotonic() + 5
+    while (len(me.children(recursive=True)) > start_children
+           or me.num_threads() > start_threads) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(me.children(recursive=True)) <= start_children
+    assert me.num_threads() <= start_threads
+
+
+def test_a_job_that_needs_python_switches_to_python_workers() -> None:
+    """Plain commands, then a Job with on_output, then plain ones: every result in input
+    order; the callback runs in a Python worker thread, never the consumer's."""
+    callers: list[str] = []
+
+    def on_output(stream: int, chunk: bytes) -> None:
+        callers.append(threading.current_thread().name)
+
+    cmds: list[object] = [["echo", str(i)] for i in range(5)]
+    cmds.insert(3, Job(["echo", "job"], on_output=on_output))
+    results = list(run_many(cmds, jobs=2))  # type: ignore[arg-type]
+    assert [r.stdout for r in results] == [b"0\n", b"1\n", b"2\n", b"job\n", b"3\n", b"4\n"]
+    assert callers and threading.current_thread().name not in callers
+    assert all(name.startswith("boundedproc-many") for name in callers)
+
+
+def test_cancelled_before_its_turn_spawns_nothing() -> None:
+    """A caller's switch set while commands wait for a worker: those are not spawned."""
+    from boundedproc import Cancel
+
+    switch = Cancel()
+    results = []
+    for r in run_many([["sleep", "0.3"]] * 6, jobs=1, cancel=switch):
+        results.append(r)
+        switch.cancel()
+    assert results[0].ok
+    assert all(r.cancelled and r.exit_code == 137 for r in results[1:])
+    assert not results[-1].spawned and results[-1].runner_error is None
+
+
+def test_supervisor_refused_under_run_many(tmp_path: Path) -> None:
+    """The supervisor program cannot be executed: with contain=True each run is a spawn
+    failure naming it; with contain=None it warns once and the runs go uncontained."""
+    blocked = tmp_path / "_bp_supervisor"
+    blocked.write_bytes(b"not a program")
+    blocked.chmod(0o644)
+    script = textwrap.dedent(f"""
+        import json, warnings
+        from boundedproc import _native, run_many
+        _native.SUPERVISOR_PATH = {str(blocked)!r}
+        explicit = [[r.spawned, r.exit_code, r.runner_error]
+                    for r in run_many([["echo", "hi"]] * 3, jobs=2, contain=True)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            default = [[r.ok, r.stdout.decode()]
+                       for r in run_many([["echo", "hi"]] * 3, jobs=2)]
+        print(json.dumps({{"explicit": explicit, "default": default,
+                          "warned": [str(w.message) for w in caught]}}))
+    """)
+    out = subprocess.run([PY, "-c", script], capture_output=True, text=True, timeout=60,
+                         env=importable_env(), check=False)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    for spawned, code, error in data["explicit"]:
+        assert (spawned, code) == (False, 127)
+        assert error.startswith("spawn failed: EACCES") and "supervisor program" in error
+    assert data["default"] == [[True, "hi\n"]] * 3
+    assert len(data["warned"]) == 1 and "containment is off" in data["warned"][0]
+
