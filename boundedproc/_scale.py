@@ -881,6 +881,7 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
                 workers.append(worker)
             tasks.put((slot, cmd, opts))
 
+    owner = os.getpid()
     finished = False
     try:
         fill()
@@ -895,7 +896,7 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
             yield result
         finished = True
     finally:
-        if not finished:
+        if not finished and os.getpid() == owner:  # a forked child's switch is the parent's
             switch.cancel()  # in-flight runs end now; queued ones spawn nothing
         for _ in workers:
             tasks.put(None)

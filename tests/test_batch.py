@@ -264,3 +264,21 @@ def test_supervisor_refused_under_run_many(tmp_path: Path) -> None:
     assert data["default"] == [[True, "hi\n"]] * 3
     assert len(data["warned"]) == 1 and "containment is off" in data["warned"][0]
 
+
+@pytest.mark.parametrize("python_workers", [False, True])
+def test_a_forked_child_closing_the_iterator_leaves_the_parents_runs(python_workers: bool) -> None:
+    """The child of os.fork() closes its copy of a run_many iterator (as its exit's clean-up
+    would): the parent's runs in flight are not cancelled (the switch's pipe is shared)."""
+    extra = {"on_output": lambda stream, chunk: None} if python_workers else {}
+    it = run_many([["sh", "-c", "sleep 0.4; echo done"]] * 6, jobs=3, timeout=10, **extra)
+    first = next(it)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child only closes its copy
+        try:
+            it.close()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    rest = list(it)
+    assert [r.stdout for r in [first, *rest]] == [b"done\n"] * 6, rest
+    assert not any(r.cancelled for r in rest)
