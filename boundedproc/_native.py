@@ -255,7 +255,8 @@ def _sup_start_failed(stage: int, err: int, explicit: bool) -> _StartFailure | N
     is off from now on, with a warning)."""
     systemic = err in _SYSTEMIC and stage not in (lib.BP_STAGE_FORK, lib.BP_STAGE_PIPE)
     if systemic and not explicit:
-        _refuse(stage, err)
+        if CONTAIN_SUPPORTED:  # the first run to find it warns; runs of other threads, no more
+            _refuse(stage, err)
         return None
     return _StartFailure(stage, err)
 
@@ -819,9 +820,7 @@ class Batch:
             return BatchDone(tag, None, MemoryError("boundedproc: cannot allocate a run handle"),
                              duration)
         if kind == lib.BP_BATCH_NO_SUPERVISOR:
-            # (refused already, by a run of another worker: warned once, then uncontained)
-            failure = (None if not spec.contain_explicit and not CONTAIN_SUPPORTED
-                       else _sup_start_failed(done.stage, done.err, spec.contain_explicit))
+            failure = _sup_start_failed(done.stage, done.err, spec.contain_explicit)
             if failure is None:
                 self.submit(tag, replace(spec, contain=False))
                 return None

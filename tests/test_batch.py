@@ -282,3 +282,24 @@ def test_a_forked_child_closing_the_iterator_leaves_the_parents_runs(python_work
     rest = list(it)
     assert [r.stdout for r in [first, *rest]] == [b"done\n"] * 6, rest
     assert not any(r.cancelled for r in rest)
+
+
+def test_supervisor_refused_warns_once_with_python_workers(tmp_path: Path) -> None:
+    """The same refusal met by several Python workers at once (on_output): one warning."""
+    blocked = tmp_path / "_bp_supervisor"
+    blocked.write_bytes(b"not a program")
+    blocked.chmod(0o644)
+    script = textwrap.dedent(f"""
+        import json, warnings
+        from boundedproc import _native, run_many
+        _native.SUPERVISOR_PATH = {str(blocked)!r}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ok = [r.ok for r in run_many([["sleep", "0.1"]] * 8, jobs=4,
+                                         on_output=lambda s, c: None)]
+        print(json.dumps({{"ok": ok, "warned": len(caught)}}))
+    """)
+    out = subprocess.run([PY, "-c", script], capture_output=True, text=True, timeout=60,
+                         env=importable_env(), check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"ok": [True] * 8, "warned": 1}
