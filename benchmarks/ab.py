@@ -1,7 +1,8 @@
 """A/B: the same measurement on two builds of boundedproc, interleaved call by call.
 
 Usage:
-    python benchmarks/ab.py A_ROOT B_ROOT [--what capture|spawn] [--bytes N] [--reps R]
+    python benchmarks/ab.py A_ROOT B_ROOT [--what capture|spawn|many|many-cpu] [--bytes N]
+                            [--reps R]
 
 A_ROOT and B_ROOT are checkouts with an in-place build (``python
 csrc/build_ffi.py``).  One worker process per build imports its own
@@ -12,7 +13,9 @@ change to ``csrc/`` or ``boundedproc/`` is shown to help before it is made.
 ``capture`` times ``run(["head", "-c", N, "/dev/zero"], max_output=None)``
 after touching and freeing 2N bytes (see ``run._warm_memory``) and reports
 MiB/s; ``spawn`` times ``run(["/bin/true"])`` in blocks of 50 and reports the
-median in microseconds.
+median in microseconds; ``many`` times ``run_many`` of 1,000 ``/bin/true`` at
+jobs=4 (B9's shape) and reports microseconds a run, ``many-cpu`` the calling
+process's own CPU a run (user + system) in the same call.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import subprocess
 import sys
 
 WORKER = r"""
-import statistics, sys, time
+import os, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 import boundedproc as bp
 for line in sys.stdin:
@@ -37,6 +40,13 @@ for line in sys.stdin:
         assert len(r.stdout) == n
         del r
         print(n / d / 2**20, flush=True)
+    elif what.startswith("many"):
+        c0, t0 = os.times(), time.perf_counter()
+        for r in bp.run_many((["/bin/true"] for _ in range(n)), jobs=4, timeout=10):
+            assert r.exit_code == 0, r
+        d, c1 = time.perf_counter() - t0, os.times()
+        cpu = c1.user + c1.system - c0.user - c0.system
+        print((cpu if what == "many-cpu" else d) / n * 1e6, flush=True)
     else:
         xs = []
         for _ in range(n):
@@ -49,14 +59,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("a")
     parser.add_argument("b")
-    parser.add_argument("--what", choices=["capture", "spawn"], default="capture")
+    parser.add_argument("--what", choices=["capture", "spawn", "many", "many-cpu"],
+                        default="capture")
     parser.add_argument("--bytes", type=int, default=512 << 20)
     parser.add_argument("--reps", type=int, default=8)
     a = parser.parse_args()
     workers = {k: subprocess.Popen([sys.executable, "-c", WORKER, root], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
                for k, root in (("A", a.a), ("B", a.b))}
-    arg = a.bytes if a.what == "capture" else 50
+    arg = {"capture": a.bytes, "spawn": 50}.get(a.what, 1000)
     got: dict[str, list[float]] = {"A": [], "B": []}
     try:
         for i in range(a.reps):
