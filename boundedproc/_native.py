@@ -3,6 +3,8 @@
 It turns validated Python values into ``struct bp_spec``, drives the run
 (``bp_start`` / ``bp_wait`` / ``bp_free``) and turns ``struct bp_result`` into
 a plain frozen dataclass at once, so no cffi object escapes this module.
+``Batch`` hands many specs to the core's own threads instead (``bp_batch_*``,
+for ``run_many``) and turns each finished run into the same dataclass.
 """
 
 from __future__ import annotations
@@ -567,7 +569,6 @@ def _cspec(spec: NativeSpec, report_chunks: bool) -> tuple[Any, list[object]]:
     c.report_chunks = int(report_chunks)
     c.rlimits_soft = list(spec.rlimits_soft)
     c.rlimits_hard = list(spec.rlimits_hard)
-
     return c, keep
 
 

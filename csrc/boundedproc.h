@@ -21,6 +21,11 @@
  *   bp_take_output() copies one stream's kept bytes into caller memory and
  *               releases the core's copy as it goes.
  *   bp_free()   releases the handle; calls bp_abort() first if needed.
+ *
+ * Many runs on the core's own threads (batch.c): bp_batch_new(), then
+ * bp_batch_submit() a spec and its result with a tag, bp_batch_next() for
+ * each run that is over (any order; its handle is the caller's to take the
+ * output from and bp_free()), and bp_batch_free() once done.
  */
 
 /* Exit codes reported for runs the runner ended (see SPEC 2.4). */

@@ -303,3 +303,13 @@ def test_supervisor_refused_warns_once_with_python_workers(tmp_path: Path) -> No
                          env=importable_env(), check=False)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"ok": [True] * 8, "warned": 1}
+
+
+@pytest.mark.parametrize("contain", [True, False])
+def test_core_threads_block_signals_but_their_commands_do_not(contain: bool) -> None:
+    """The core's threads block every signal; a command they start has an empty mask and
+    no ignored signal, contained or not."""
+    cmd = ["grep", "-E", "^(SigBlk|SigIgn):", "/proc/self/status"]
+    for r in run_many([cmd] * 4, jobs=2, contain=contain):
+        assert r.ok, r
+        assert r.stdout == b"SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n", r.stdout
