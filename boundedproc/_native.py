@@ -775,7 +775,7 @@ class Batch:
                 raise MemoryError("boundedproc: cannot allocate a batch")
             raise OSError(err, f"boundedproc: cannot make a batch: {os.strerror(err)}")
         self._ptr: Any = out[0]
-        self._done = ffi.new("struct bp_batch_done *")
+        self._done = ffi.new("struct bp_batch_done[]", 2 * jobs)  # run_many's window
         self._inflight: dict[int, tuple[NativeSpec, Any, list[object], Any]] = {}
         self._forked = False  # set in a forked child, where it is unusable
         _batches.add(self)
@@ -795,27 +795,35 @@ class Batch:
             raise OSError(err, f"boundedproc: cannot start a run_many worker: {os.strerror(err)}")
         self._inflight[tag] = (spec, c, keep, res)
 
-    def next(self) -> BatchDone | None:
-        """Wait for a run to end (Ctrl-C interrupts the wait); ``None`` when the one that
-        ended was queued again, uncontained, because this system refuses supervisors."""
-        ptr = self._live()
-        done = self._done
-        with _Wakeup() as wake:
-            while (rc := lib.bp_batch_next(ptr, wake.fd, done)) != 0:
-                if rc < 0:
-                    err = ffi.errno
-                    raise OSError(err, f"boundedproc: poll failed: {os.strerror(err)}")
-                wake.drain()  # BP_AGAIN: pending handlers run at the next bytecode
+    def next(self) -> list[BatchDone]:
+        """Wait for runs to end (Ctrl-C interrupts the wait) and take every one that has:
+        each call into the core may wait for the GIL, so one call takes them all.  A run
+        queued again (uncontained: this system refuses supervisors) is not among them."""
+        ptr, done, room = self._live(), self._done, len(self._done)
+        got = lib.bp_batch_next(ptr, -1, 0, done, room)  # no wait: no wakeup fd to borrow
+        if got == 0:
+            with _Wakeup() as wake:
+                while (got := lib.bp_batch_next(ptr, wake.fd, 1, done, room)) == 0:
+                    wake.drain()  # woken: pending handlers run at the next bytecode
+        if got < 0:
+            err = ffi.errno
+            raise OSError(err, f"boundedproc: poll failed: {os.strerror(err)}")
+        over = [self._over(done[i]) for i in range(got)]
+        return [d for d in over if d is not None]
+
+    def _over(self, done: Any) -> BatchDone | None:
         tag, kind, run = done.tag, done.rc, done.run
         spec, _c, _keep, res = self._inflight.pop(tag)
         duration = (done.end_ns - done.start_ns) / 1e9
         if kind == lib.BP_BATCH_DONE:
             try:
                 return BatchDone(tag, _outcome(run, res, done.sup_pid), None, duration)
+            except Exception as err:  # noqa: BLE001  (a MemoryError): that run's, in its turn
+                return BatchDone(tag, None, err, duration)
             finally:
-                lib.bp_free(run)
+                if run != ffi.NULL:
+                    lib.bp_free(run)
         if kind == lib.BP_BATCH_FAILED:
-            lib.bp_free(run)  # already ended and reaped by its worker
             return BatchDone(tag, None, _wait_error(res), duration)
         if kind == lib.BP_BATCH_NO_HANDLE:
             return BatchDone(tag, None, MemoryError("boundedproc: cannot allocate a run handle"),

@@ -755,8 +755,7 @@ class _BatchSlot:
     def take(self, batch: _native.Batch, running: dict[int, _BatchSlot]) -> AnyResult:
         """Its result, waiting for runs to end (any order) until its own has."""
         while self.result is None and self.error is None:
-            done = batch.next()
-            if done is not None:
+            for done in batch.next():
                 running.pop(done.tag).finish(done)
         if self.error is not None:
             raise self.error
@@ -804,7 +803,7 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], jobs: int, bar: Any
                 return
             pending.append(slot)
             if slot.result is None and slot.prepared.spec is not None:
-                tag = next(tags)
+                tag = next(tags)  # started at once: the source may be slow to give the next
                 batch.submit(tag, slot.prepared.spec)
                 running[tag] = slot
 

@@ -6,10 +6,12 @@
  * most `jobs`), a queue of specs to run and a queue of finished runs.  The
  * caller (one Python thread, holding the specs, the results and the order in
  * which to yield them) submits a spec with a tag, and takes finished runs back
- * in any order with bp_batch_next, which waits on an eventfd beside its own
- * wake fd (Ctrl-C).  A worker runs one spec at a time, start to BP_DONE, as
- * bp_start/bp_wait do for a caller in Python, and hands the still-allocated run
- * back: the caller takes the output and frees it.
+ * in any order with bp_batch_next, as many as are there in one call (each call
+ * from Python may wait for the GIL), waiting if asked on an eventfd beside its
+ * own wake fd (Ctrl-C).  A worker runs one spec at a time, start to BP_DONE, as
+ * bp_start/bp_wait do for a caller in Python.  A run with output to take is
+ * handed back still allocated (the caller takes the output and frees it); one
+ * without is freed by the worker: its bp_result says all there is.
  *
  * Supervisors: each worker starts its own (on its first contained run) and
  * reuses it run after run, as a Python thread does with its pool: one run at a
@@ -52,7 +54,7 @@ struct bp_batch {
     struct item *done, *done_last;
     int notify[2];                  /* [0] polled by the caller; [1] written by workers
                                        (one eventfd in both where there is one) */
-    int jobs, nthreads, idle, stopping;
+    int jobs, nthreads, idle, queued, stopping;  /* queued: items in todo */
     pid_t owner;
     char *sup_path;
     char *const *sup_envp;          /* the caller's, kept alive until bp_batch_free */
@@ -142,10 +144,12 @@ static void run_item(struct bp_batch *b, int index, struct bp_sup **sup, struct 
     do {
         rc = bp_wait(run);
     } while (rc == BP_AGAIN || rc == BP_CHUNK);
-    if (rc < 0)
-        bp_abort(run);  /* ended here, while its supervisor is surely still ours */
-    d->run = run;
     d->rc = rc < 0 ? BP_BATCH_FAILED : BP_BATCH_DONE;
+    if (rc < 0 || (it->res->stdout_len == 0 && it->res->stderr_len == 0))
+        bp_free(run);  /* ended (killed and reaped first, on a failure) with nothing to take:
+                          here, while its supervisor is surely still ours */
+    else
+        d->run = run;
     if (use != NULL && !bp_sup_reusable(use)) {
         bp_sup_free(use);
         *sup = b->sups[index] = NULL;
@@ -171,6 +175,8 @@ static void *worker(void *p)
     pthread_mutex_lock(&b->lock);
     for (;;) {
         struct item *it = pop(&b->todo, &b->todo_last);
+        if (it != NULL)
+            b->queued--;
         if (it == NULL) {
             if (b->stopping)
                 break;
@@ -276,7 +282,9 @@ int bp_batch_submit(struct bp_batch *b, const struct bp_spec *spec, struct bp_re
     it->res = res;
     it->done.tag = tag;
     pthread_mutex_lock(&b->lock);
-    if (b->idle == 0 && b->nthreads < b->jobs) {
+    /* Each idle worker takes one queued item; a worker signalled but not yet awake
+     * still counts as idle, so compare with what is queued, not with zero. */
+    if (b->idle <= b->queued && b->nthreads < b->jobs) {
         int rc = start_worker(b);
         if (rc != 0 && b->nthreads == 0) {
             pthread_mutex_unlock(&b->lock);
@@ -287,28 +295,31 @@ int bp_batch_submit(struct bp_batch *b, const struct bp_spec *spec, struct bp_re
         /* otherwise the workers there are take it in their turn */
     }
     push(&b->todo, &b->todo_last, it);
+    b->queued++;
     pthread_cond_signal(&b->todo_cv);
     pthread_mutex_unlock(&b->lock);
     return 0;
 }
 
-int bp_batch_next(struct bp_batch *b, int wake_fd, struct bp_batch_done *out)
+int bp_batch_next(struct bp_batch *b, int wake_fd, int wait, struct bp_batch_done *out, int n)
 {
     for (;;) {
+        int got = 0;
         pthread_mutex_lock(&b->lock);
-        struct item *it = pop(&b->done, &b->done_last);
-        pthread_mutex_unlock(&b->lock);
-        if (it != NULL) {
-            *out = it->done;
+        struct item *it;
+        while (got < n && (it = pop(&b->done, &b->done_last)) != NULL) {
+            out[got++] = it->done;
             free(it);
-            return 0;
         }
+        pthread_mutex_unlock(&b->lock);
+        if (got > 0 || !wait)
+            return got;
         struct pollfd p[2] = {{.fd = b->notify[0], .events = POLLIN},
                               {.fd = wake_fd, .events = POLLIN}};
         int rc = poll(p, wake_fd >= 0 ? 2 : 1, -1);
         if (rc < 0) {
             if (errno == EINTR)
-                return BP_AGAIN;  /* a signal: its handler may want to run */
+                return 0;  /* a signal: its handler may want to run */
             return -1;
         }
         if (p[0].revents != 0) {
@@ -317,7 +328,7 @@ int bp_batch_next(struct bp_batch *b, int wake_fd, struct bp_batch_done *out)
                 ;
         }
         if (wake_fd >= 0 && p[1].revents != 0)
-            return BP_AGAIN;
+            return 0;
     }
 }
 

@@ -23,9 +23,10 @@
  *   bp_free()   releases the handle; calls bp_abort() first if needed.
  *
  * Many runs on the core's own threads (batch.c): bp_batch_new(), then
- * bp_batch_submit() a spec and its result with a tag, bp_batch_next() for
- * each run that is over (any order; its handle is the caller's to take the
- * output from and bp_free()), and bp_batch_free() once done.
+ * bp_batch_submit() a spec and its result with a tag, bp_batch_next() for the
+ * runs that are over (up to n at once, any order; 0 without wait, or when the
+ * wake fd or a signal interrupted the wait; a run with output to take is the
+ * caller's to bp_free()), and bp_batch_free() once done.
  */
 
 /* Exit codes reported for runs the runner ended (see SPEC 2.4). */
@@ -178,15 +179,16 @@ struct bp_sup;
 struct bp_batch;
 
 /* bp_batch_done.rc: how a batch's run ended (batch.c). */
-#define BP_BATCH_DONE 0           /* ran to BP_DONE: take its output, then bp_free(run) */
-#define BP_BATCH_FAILED 1         /* bp_wait failed (res err_stage/err_errno); already ended */
+#define BP_BATCH_DONE 0           /* ran to BP_DONE: see bp_batch_done.run */
+#define BP_BATCH_FAILED 1         /* bp_wait failed (res err_stage/err_errno); ended, freed */
 #define BP_BATCH_NO_HANDLE 2      /* bp_start could not allocate the run: nothing spawned */
 #define BP_BATCH_NO_SUPERVISOR 3  /* bp_sup_start failed at stage with err: nothing spawned */
 #define BP_BATCH_CANCELLED 4      /* a cancel fd was readable at its turn: nothing spawned */
 
 struct bp_batch_done {
     int64_t tag;                  /* the caller's, from bp_batch_submit */
-    struct bp_run *run;           /* BP_BATCH_DONE/FAILED: the caller frees it; else NULL */
+    struct bp_run *run;           /* BP_BATCH_DONE with output to take: the caller takes it
+                                     and frees the run; else NULL (freed by the worker) */
     int rc;                       /* BP_BATCH_* */
     int stage;                    /* BP_BATCH_NO_SUPERVISOR: bp_sup_start's stage ... */
     int err;                      /* ... and errno */
@@ -215,6 +217,6 @@ void bp_sup_forget(struct bp_sup *sup);
 int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct bp_batch **out);
 int bp_batch_submit(struct bp_batch *b, const struct bp_spec *spec, struct bp_result *res,
                     int64_t tag);
-int bp_batch_next(struct bp_batch *b, int wake_fd, struct bp_batch_done *out);
+int bp_batch_next(struct bp_batch *b, int wake_fd, int wait, struct bp_batch_done *out, int n);
 void bp_batch_free(struct bp_batch *b);
 void bp_batch_forget(struct bp_batch *b);
