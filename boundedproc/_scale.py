@@ -110,11 +110,15 @@ _async_pool: ThreadPoolExecutor | None = None
 _dry_switch: Cancel | None = None
 
 
+_forks = 0  # how many forks this process is down from the one that imported us
+
+
 def _forget_pool_after_fork() -> None:
     # A forked child has none of the parent's threads: start a fresh pool.
-    global _async_pool, _pool_lock
+    global _async_pool, _pool_lock, _forks
     _async_pool = None
     _pool_lock = threading.Lock()
+    _forks += 1
 
 
 os.register_at_fork(after_in_child=_forget_pool_after_fork)
@@ -880,7 +884,7 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
                 workers.append(worker)
             tasks.put((slot, cmd, opts))
 
-    owner = os.getpid()
+    owner = _forks
     finished = False
     try:
         fill()
@@ -888,6 +892,9 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
             head = pending.popleft()
             if isinstance(head, _Raise):
                 raise head.error
+            if _forks != owner:  # its workers are the parent's: the slot would never be done
+                raise RuntimeError("boundedproc: a run_many iterator cannot go on in a forked "
+                                   "child")
             result = head.take()
             fill()  # keep the workers busy while the consumer handles this one
             if bar is not None:
@@ -895,7 +902,7 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
             yield result
         finished = True
     finally:
-        if not finished and os.getpid() == owner:  # a forked child's switch is the parent's
+        if not finished and _forks == owner:  # a forked child's switch is the parent's
             switch.cancel()  # in-flight runs end now; queued ones spawn nothing
         for _ in workers:
             tasks.put(None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -313,3 +314,34 @@ def test_core_threads_block_signals_but_their_commands_do_not(contain: bool) -> 
     for r in run_many([cmd] * 4, jobs=2, contain=contain):
         assert r.ok, r
         assert r.stdout == b"SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n", r.stdout
+
+
+def test_a_forked_child_cannot_go_on_with_python_workers() -> None:
+    """The Python workers' path (on_output): a forked child that asks its copy of the
+    parent's iterator for the next result gets RuntimeError at once instead of waiting
+    forever for workers that exist only in the parent."""
+    it = run_many([["sh", "-c", "sleep 0.3; echo x"]] * 6, jobs=2,
+                  on_output=lambda stream, chunk: None)
+    assert next(it).ok
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            try:
+                next(it)
+                os.write(w, b"went on")
+            except RuntimeError as err:
+                os.write(w, str(err).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        ready, _, _ = select.select([r], [], [], 10)
+        got = os.read(r, 4096).decode() if ready else "no answer in 10 s"
+    finally:
+        os.close(r)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert "forked child" in got, got
+    assert [x.stdout for x in it] == [b"x\n"] * 5
