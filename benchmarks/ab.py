@@ -1,8 +1,8 @@
 """A/B: the same measurement on two builds of boundedproc, interleaved call by call.
 
 Usage:
-    python benchmarks/ab.py A_ROOT B_ROOT [--what capture|spawn|many|many-cpu] [--bytes N]
-                            [--reps R]
+    python benchmarks/ab.py A_ROOT B_ROOT [--what capture|spawn|many|many-cpu|many-busy]
+                            [--bytes N] [--reps R]
 
 A_ROOT and B_ROOT are checkouts with an in-place build (``python
 csrc/build_ffi.py``).  One worker process per build imports its own
@@ -15,7 +15,9 @@ after touching and freeing 2N bytes (see ``run._warm_memory``) and reports
 MiB/s; ``spawn`` times ``run(["/bin/true"])`` in blocks of 50 and reports the
 median in microseconds; ``many`` times ``run_many`` of 1,000 ``/bin/true`` at
 jobs=4 (B9's shape) and reports microseconds a run, ``many-cpu`` the calling
-process's own CPU a run (user + system) in the same call.
+process's own CPU a run (user + system) in the same call, ``many-busy`` the
+time a run of 200 while another Python thread of the caller spins (every
+return from C then waits for the GIL).
 """
 
 from __future__ import annotations
@@ -26,9 +28,15 @@ import subprocess
 import sys
 
 WORKER = r"""
-import os, statistics, sys, time
+import os, statistics, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 import boundedproc as bp
+
+def spin_until(stop):
+    x = 0
+    while not stop:
+        x += 1
+
 for line in sys.stdin:
     what, arg = line.split()
     n = int(arg)
@@ -40,6 +48,18 @@ for line in sys.stdin:
         assert len(r.stdout) == n
         del r
         print(n / d / 2**20, flush=True)
+    elif what == "many-busy":
+        n, stop = 200, []
+        spin = threading.Thread(target=spin_until, args=(stop,))
+        spin.start()
+        t0 = time.perf_counter()
+        try:
+            for r in bp.run_many((["/bin/true"] for _ in range(n)), jobs=4, timeout=10):
+                assert r.exit_code == 0, r
+        finally:
+            stop.append(1)
+            spin.join()
+        print((time.perf_counter() - t0) / n * 1e6, flush=True)
     elif what.startswith("many"):
         c0, t0 = os.times(), time.perf_counter()
         for r in bp.run_many((["/bin/true"] for _ in range(n)), jobs=4, timeout=10):
@@ -59,7 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("a")
     parser.add_argument("b")
-    parser.add_argument("--what", choices=["capture", "spawn", "many", "many-cpu"],
+    parser.add_argument("--what", choices=["capture", "spawn", "many", "many-cpu", "many-busy"],
                         default="capture")
     parser.add_argument("--bytes", type=int, default=512 << 20)
     parser.add_argument("--reps", type=int, default=8)
