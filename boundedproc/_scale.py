@@ -75,7 +75,7 @@ import threading
 import time
 import types
 from collections import deque
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
@@ -716,6 +716,19 @@ def _new_batch(jobs: int) -> _native.Batch | None:
 
 
 _NO_REST = object()
+_STOP = object()
+
+
+def _draw(source: Iterator[Any], pending: deque[Any]) -> Any:
+    """The next input item, or ``_STOP``: at the end of the input, or when drawing
+    raised (the error then waits in ``pending``, to be raised in its turn)."""
+    try:
+        return next(source)
+    except StopIteration:
+        return _STOP
+    except Exception as err:  # noqa: BLE001  the input failed: raise it in its turn
+        pending.append(_Raise(err))
+        return _STOP
 
 
 class _BatchSlot:
@@ -767,6 +780,23 @@ class _BatchSlot:
         return self.result
 
 
+def _in_order(pending: deque[Any], fill: Callable[[], None], take: Callable[[Any], AnyResult],
+              bar: Any) -> Generator[AnyResult, None, None]:
+    """Yield each pending command's result in input order (``take`` waits for it),
+    drawing more input as places in the window free up; raise an input's or a
+    command's caller bug in its turn."""
+    fill()
+    while pending:
+        head = pending.popleft()
+        if isinstance(head, _Raise):
+            raise head.error
+        result = take(head)
+        fill()  # keep the workers busy while the consumer handles this one
+        if bar is not None:
+            bar.update(1)
+        yield result
+
+
 def _many_batch(batch: _native.Batch, source: Iterator[Any], jobs: int, bar: Any,
                 options: dict[str, Any]) -> Generator[Any, None, Any]:
     """``run_many`` on the core's threads (csrc/batch.c): Python prepares each command
@@ -786,13 +816,8 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], jobs: int, bar: Any
     def fill() -> None:
         nonlocal more, rest
         while more and len(pending) < window:
-            try:
-                item = next(source)
-            except StopIteration:
-                more = False
-                return
-            except Exception as err:  # noqa: BLE001  the input failed: raise it in its turn
-                pending.append(_Raise(err))
+            item = _draw(source, pending)
+            if item is _STOP:
                 more = False
                 return
             try:
@@ -811,23 +836,14 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], jobs: int, bar: Any
                 batch.submit(tag, slot.prepared.spec)
                 running[tag] = slot
 
-    owner = os.getpid()
+    owner = _forks
     finished = False
     try:
-        fill()
-        while pending:
-            head = pending.popleft()
-            if isinstance(head, _Raise):
-                raise head.error
-            result = head.take(batch, running)
-            fill()  # keep the workers busy while the consumer handles this one
-            if bar is not None:
-                bar.update(1)
-            yield result
+        yield from _in_order(pending, fill, lambda slot: slot.take(batch, running), bar)
         finished = True
         return rest
     finally:
-        if os.getpid() == owner:  # a forked child's copy of the switch is the parent's
+        if _forks == owner:  # a forked child's copy of the switch is the parent's
             if not finished:
                 switch.cancel()  # in-flight runs end now; queued ones spawn nothing
             batch.close()  # waits for every worker: every run's group is killed and reaped
@@ -852,13 +868,8 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
     def fill() -> None:
         nonlocal more
         while more and len(pending) < window:
-            try:
-                cmd = next(source)
-            except StopIteration:
-                more = False
-                return
-            except Exception as err:  # noqa: BLE001  the input failed: raise it in its turn
-                pending.append(_Raise(err))
+            cmd = _draw(source, pending)
+            if cmd is _STOP:
                 more = False
                 return
             try:
@@ -884,22 +895,15 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
                 workers.append(worker)
             tasks.put((slot, cmd, opts))
 
+    def take(slot: _Slot) -> AnyResult:
+        if _forks != owner:  # its workers are the parent's: the slot would never be done
+            raise RuntimeError("boundedproc: a run_many iterator cannot go on in a forked child")
+        return slot.take()
+
     owner = _forks
     finished = False
     try:
-        fill()
-        while pending:
-            head = pending.popleft()
-            if isinstance(head, _Raise):
-                raise head.error
-            if _forks != owner:  # its workers are the parent's: the slot would never be done
-                raise RuntimeError("boundedproc: a run_many iterator cannot go on in a forked "
-                                   "child")
-            result = head.take()
-            fill()  # keep the workers busy while the consumer handles this one
-            if bar is not None:
-                bar.update(1)
-            yield result
+        yield from _in_order(pending, fill, take, bar)
         finished = True
     finally:
         if not finished and _forks == owner:  # a forked child's switch is the parent's
