@@ -30,7 +30,6 @@
  */
 #include "bp_internal.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,8 +174,6 @@ static void *worker(void *p)
     pthread_mutex_lock(&b->lock);
     for (;;) {
         struct item *it = pop(&b->todo, &b->todo_last);
-        if (it != NULL)
-            b->queued--;
         if (it == NULL) {
             if (b->stopping)
                 break;
@@ -185,6 +182,7 @@ static void *worker(void *p)
             b->idle--;
             continue;
         }
+        b->queued--;
         pthread_mutex_unlock(&b->lock);
         run_item(b, arg.index, &sup, it);
         it->done.end_ns = bp__now_ns();
@@ -223,11 +221,9 @@ int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct b
     if (b->notify[0] < 0)
         goto fail;
 #else
-    if (pipe(b->notify) < 0)
+    if (bp__make_pipe(b->notify) < 0 || bp__set_nonblock(b->notify[0]) < 0
+        || bp__set_nonblock(b->notify[1]) < 0)
         goto fail;
-    for (int i = 0; i < 2; i++)
-        if (fcntl(b->notify[i], F_SETFL, O_NONBLOCK) < 0 || fcntl(b->notify[i], F_SETFD, FD_CLOEXEC) < 0)
-            goto fail;
 #endif
     pthread_mutex_init(&b->lock, NULL);
     pthread_cond_init(&b->todo_cv, NULL);

@@ -118,6 +118,8 @@ struct bp_run {
 int bp__spawn(struct bp_run *run);
 
 int bp__lift_pair(int p[2]);
+int bp__make_pipe(int p[2]);
+int bp__set_nonblock(int fd);
 void bp__spawn_failed(struct bp_run *run, int stage, int err);
 
 /* sup.c */

@@ -55,7 +55,8 @@ int bp__lift_pair(int p[2])
     return 0;
 }
 
-static int make_pipe(int p[2])
+/* A close-on-exec pipe, both ends above stdio. */
+int bp__make_pipe(int p[2])
 {
 #ifdef __linux__
     if (pipe2(p, O_CLOEXEC) < 0)
@@ -76,7 +77,7 @@ static int make_pipe(int p[2])
 
 /* Our end of a fresh pipe has no status flag but its access mode, which
  * F_SETFL ignores: no F_GETFL needed. */
-static int set_nonblock(int fd)
+int bp__set_nonblock(int fd)
 {
     return fcntl(fd, F_SETFL, O_NONBLOCK);
 }
@@ -126,7 +127,7 @@ static int stream_end(int given, int want_pipe, int is_input, int *child, int *o
     }
     int p[2];
     *stage = BP_STAGE_PIPE;
-    if (make_pipe(p) < 0)
+    if (bp__make_pipe(p) < 0)
         return -1;
     *child = is_input ? p[0] : p[1];
     *ours = is_input ? p[1] : p[0];
@@ -252,6 +253,6 @@ int bp__spawn(struct bp_run *run)
     run->err.fd = ours[2];
     for (int i = 0; i < 3; i++)
         if (ours[i] >= 0 && !(i == 0 && spec->stdin_len == 0))  /* that one is closed at once */
-            (void)set_nonblock(ours[i]);
+            (void)bp__set_nonblock(ours[i]);
     return 0;
 }
