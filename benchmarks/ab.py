@@ -1,7 +1,7 @@
 """A/B: the same measurement on two builds of boundedproc, interleaved call by call.
 
 Usage:
-    python benchmarks/ab.py A_ROOT B_ROOT [--what capture|spawn|many|many-cpu|many-busy]
+    python benchmarks/ab.py A_ROOT B_ROOT [--what capture|spawn|spawn-cpu|many|many-cpu|many-busy]
                             [--bytes N] [--reps R]
 
 A_ROOT and B_ROOT are checkouts with an in-place build (``python
@@ -13,7 +13,9 @@ change to ``csrc/`` or ``boundedproc/`` is shown to help before it is made.
 ``capture`` times ``run(["head", "-c", N, "/dev/zero"], max_output=None)``
 after touching and freeing 2N bytes (see ``run._warm_memory``) and reports
 MiB/s; ``spawn`` times ``run(["/bin/true"])`` in blocks of 50 and reports the
-median in microseconds; ``many`` times ``run_many`` of 1,000 ``/bin/true`` at
+median in microseconds, ``spawn-cpu`` the calling thread's own CPU a run
+(``time.thread_time``: the Python side and the core's system calls, none of
+the child's); ``many`` times ``run_many`` of 1,000 ``/bin/true`` at
 jobs=4 (B9's shape) and reports microseconds a run, ``many-cpu`` the calling
 process's own CPU a run (user + system) in the same call, ``many-busy`` the
 time a run of 200 while another Python thread of the caller spins (every
@@ -67,6 +69,13 @@ for line in sys.stdin:
         d, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
         cpu = c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
         print((cpu if what == "many-cpu" else d) / n * 1e6, flush=True)
+    elif what == "spawn-cpu":
+        for _ in range(20):
+            bp.run(["/bin/true"])
+        t0 = time.thread_time()
+        for _ in range(n):
+            bp.run(["/bin/true"])
+        print((time.thread_time() - t0) / n * 1e6, flush=True)
     else:
         xs = []
         for _ in range(n):
@@ -79,7 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("a")
     parser.add_argument("b")
-    parser.add_argument("--what", choices=["capture", "spawn", "many", "many-cpu", "many-busy"],
+    parser.add_argument("--what", choices=["capture", "spawn", "spawn-cpu", "many", "many-cpu", "many-busy"],
                         default="capture")
     parser.add_argument("--bytes", type=int, default=512 << 20)
     parser.add_argument("--reps", type=int, default=8)
@@ -87,7 +96,7 @@ def main() -> None:
     workers = {k: subprocess.Popen([sys.executable, "-c", WORKER, root], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
                for k, root in (("A", a.a), ("B", a.b))}
-    arg = {"capture": a.bytes, "spawn": 50}.get(a.what, 1000)
+    arg = {"capture": a.bytes, "spawn": 50, "spawn-cpu": 1000}.get(a.what, 1000)
     got: dict[str, list[float]] = {"A": [], "B": []}
     try:
         for i in range(a.reps):

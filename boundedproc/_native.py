@@ -155,10 +155,11 @@ def contain_default() -> bool:
 class _Supervisor:
     """One started supervisor (``struct bp_sup``), owned by one thread's pool."""
 
-    __slots__ = ("__weakref__", "ptr")
+    __slots__ = ("__weakref__", "pid", "ptr")
 
     def __init__(self, ptr: object) -> None:
         self.ptr = ptr
+        self.pid = int(lib.bp_sup_pid(ptr))  # for a failure's text: it never changes
 
     def usable(self) -> bool:
         return self.ptr is not None and bool(lib.bp_sup_usable(self.ptr))
@@ -277,7 +278,7 @@ def _release(sup: _Supervisor) -> None:
 def supervisor_pids() -> list[int]:
     """The pids of this thread's idle supervisors (for tests and diagnostics)."""
     idle: list[_Supervisor] = getattr(_pool, "idle", [])
-    return [int(lib.bp_sup_pid(s.ptr)) for s in idle if s.ptr is not None]
+    return [s.pid for s in idle if s.ptr is not None]
 
 
 class RunControl:
@@ -524,28 +525,22 @@ def _take(run: object, stream: int, length: int) -> bytes:
     return out
 
 
-def _cspec(spec: NativeSpec, report_chunks: bool) -> tuple[Any, list[object]]:
-    """``spec`` as a ``struct bp_spec``, and what it points to (keep it alive with it)."""
-    keep: list[object] = []
+def _scalars(spec: NativeSpec, report_chunks: bool) -> bytes:
+    """The bytes of a ``struct bp_spec`` holding ``spec``'s plain values, every pointer NULL.
+
+    Runs with the same options share one (``_cspec`` keys them on those values), so a run
+    copies them in one ``memmove`` instead of setting two dozen fields one by one: the
+    caller's own CPU a run is most of what ``run()`` costs beyond the floor (benchmarks/
+    README.md, "The Python side of a run").
+    """
     c = ffi.new("struct bp_spec *")
-    c.argv = _cstrings(spec.argv, keep)
-    c.exec_paths = _cstrings(spec.exec_paths, keep)
-    c.envp = ffi.NULL if spec.envp is None else _cenvp(spec.envp, keep)
-    if spec.cwd is not None:
-        cwd = ffi.new("char[]", spec.cwd)
-        keep.append(cwd)
-        c.cwd = cwd
-    if spec.stdin:
-        data = ffi.from_buffer(spec.stdin)
-        keep.append(data)
-        c.stdin_data = data
-        c.stdin_len = len(spec.stdin)
     c.timeout_ns = spec.timeout_ns
     c.max_output = spec.max_output
     c.overflow_kill = int(spec.overflow_kill)
     c.merge_stderr = int(spec.merge_stderr)
     c.cancel_fd = spec.cancel_fd
     c.cancel_fd2 = spec.cancel_fd2
+    c.wake_fd = -1
     c.kill_grace_ns = spec.kill_grace_ns
     c.drain_grace_ns = spec.drain_grace_ns
     c.exit_watch = spec.exit_watch
@@ -553,13 +548,7 @@ def _cspec(spec: NativeSpec, report_chunks: bool) -> tuple[Any, list[object]]:
     c.contain = int(spec.contain)
     c.uid = spec.uid
     c.gid = spec.gid
-    if spec.groups is None:
-        c.ngroups = -1
-    else:
-        groups = ffi.new("uint32_t[]", list(spec.groups) or [0])
-        keep.append(groups)
-        c.groups = groups
-        c.ngroups = len(spec.groups)
+    c.ngroups = -1 if spec.groups is None else len(spec.groups)
     c.stdin_fd = spec.stdin_fd
     c.stdout_fd = spec.stdout_fd
     c.stderr_fd = spec.stderr_fd
@@ -569,6 +558,46 @@ def _cspec(spec: NativeSpec, report_chunks: bool) -> tuple[Any, list[object]]:
     c.report_chunks = int(report_chunks)
     c.rlimits_soft = list(spec.rlimits_soft)
     c.rlimits_hard = list(spec.rlimits_hard)
+    return bytes(ffi.buffer(c))
+
+
+_SPEC_SIZE = ffi.sizeof("struct bp_spec")
+_scalar_structs: dict[tuple[object, ...], bytes] = {}
+
+
+def _cspec(spec: NativeSpec, report_chunks: bool) -> tuple[Any, list[object]]:
+    """``spec`` as a ``struct bp_spec``, and what it points to (keep it alive with it)."""
+    key = (spec.timeout_ns, spec.max_output, spec.overflow_kill, spec.merge_stderr,
+           spec.cancel_fd, spec.cancel_fd2, spec.kill_grace_ns, spec.drain_grace_ns,
+           spec.exit_watch, spec.contain, spec.uid, spec.gid,
+           None if spec.groups is None else len(spec.groups), spec.stdin_fd, spec.stdout_fd,
+           spec.stderr_fd, spec.first_signal, spec.new_session, spec.keep, report_chunks,
+           *spec.rlimits_soft, *spec.rlimits_hard)
+    scalars = _scalar_structs.get(key)
+    if scalars is None:
+        if len(_scalar_structs) >= 64:
+            _scalar_structs.clear()
+        scalars = _scalar_structs[key] = _scalars(spec, report_chunks)
+    keep: list[object] = []
+    c = ffi.new("struct bp_spec *")
+    ffi.memmove(c, scalars, _SPEC_SIZE)
+    c.argv = _cstrings(spec.argv, keep)
+    c.exec_paths = _cstrings(spec.exec_paths, keep)
+    if spec.envp is not None:
+        c.envp = _cenvp(spec.envp, keep)
+    if spec.cwd is not None:
+        cwd = ffi.new("char[]", spec.cwd)
+        keep.append(cwd)
+        c.cwd = cwd
+    if spec.stdin:
+        data = ffi.from_buffer(spec.stdin)
+        keep.append(data)
+        c.stdin_data = data
+        c.stdin_len = len(spec.stdin)
+    if spec.groups is not None:
+        groups = ffi.new("uint32_t[]", list(spec.groups) or [0])
+        keep.append(groups)
+        c.groups = groups
     return c, keep
 
 
@@ -660,8 +689,7 @@ def _drive(c: Any, res: Any, handle: Any, sup: _Supervisor | None,
            control: RunControl | None) -> NativeOutcome:
     """Start the run and drive it to the end; the supervisor's pool is the caller's."""
     sup_ptr = ffi.NULL if sup is None else sup.ptr
-    # its pid now: a failed supervisor is gone by the end (only a failure text names it)
-    sup_pid = 0 if sup is None else int(lib.bp_sup_pid(sup_ptr))
+    sup_pid = 0 if sup is None else sup.pid
     with _Wakeup() as wake:
         c.wake_fd = wake.fd
         # Everything from bp_start on is inside the try: a KeyboardInterrupt

@@ -627,6 +627,52 @@ def test_thread_exit_watch_fallback() -> None:
     assert quick.exit_code == 7 and not quick.timed_out
 
 
+def test_spec_struct_has_each_runs_own_values() -> None:
+    """The C spec of a run carries its own options even right after a run with other ones
+    (the plain values are copied from a struct shared by runs with the same ones)."""
+    from boundedproc import _native
+    ffi = _native.ffi
+    base = _native.NativeSpec(
+        argv=[b"true"], exec_paths=[b"/bin/true"], envp=None, cwd=None, stdin=b"",
+        timeout_ns=1, max_output=2, overflow_kill=False, merge_stderr=False, cancel_fd=3,
+        cancel_fd2=4, kill_grace_ns=5, drain_grace_ns=6, rlimits_soft=[7, 8, 9, 10, 11],
+        rlimits_hard=[12, 13, 14, 15, 16], exit_watch=_native.WATCH_THREAD, contain=False,
+        stdin_fd=17, stdout_fd=18, stderr_fd=19, first_signal=20, new_session=False, keep=1,
+        uid=21, gid=22, groups=(23, 24))
+    other = {"timeout_ns": 101, "max_output": 102, "overflow_kill": True, "merge_stderr": True,
+             "cancel_fd": 103, "cancel_fd2": 104, "kill_grace_ns": 105, "drain_grace_ns": 106,
+             "rlimits_soft": [7, 8, 9, 10, 111], "rlimits_hard": [112, 13, 14, 15, 16],
+             "exit_watch": _native.WATCH_AUTO, "contain": True, "stdin_fd": 117,
+             "stdout_fd": 118, "stderr_fd": 119, "first_signal": 9, "new_session": True,
+             "keep": 2, "uid": 121, "gid": 122, "groups": (123,)}
+
+    def fields(c: object) -> dict[str, object]:
+        got = {f: getattr(c, f) for f in other if f not in ("rlimits_soft", "rlimits_hard",
+                                                             "groups")}
+        got["rlimits_soft"] = list(c.rlimits_soft)  # type: ignore[attr-defined]
+        got["rlimits_hard"] = list(c.rlimits_hard)  # type: ignore[attr-defined]
+        got["groups"] = tuple(c.groups[i] for i in range(c.ngroups))  # type: ignore[attr-defined]
+        return got
+
+    def expected(spec: _native.NativeSpec) -> dict[str, object]:
+        want = {f: getattr(spec, f) for f in other}
+        for flag in ("overflow_kill", "merge_stderr", "contain", "new_session"):
+            want[flag] = int(want[flag])  # type: ignore[call-overload]
+        want["rlimits_soft"] = list(spec.rlimits_soft)
+        want["rlimits_hard"] = list(spec.rlimits_hard)
+        return want
+
+    for name, value in other.items():
+        changed = _native.NativeSpec(**{**{f: getattr(base, f) for f in base.__slots__},
+                                        name: value})
+        for spec in (base, changed, base):
+            c, _keep = _native._cspec(spec, False)
+            assert fields(c) == expected(spec), name
+            assert (c.wake_fd, c.report_chunks, ffi.string(c.argv[0])) == (-1, 0, b"true")
+    chunks, _keep = _native._cspec(base, True)
+    assert chunks.report_chunks == 1
+
+
 def _fd_count() -> int:
     import gc
 
