@@ -185,6 +185,19 @@ def floor_run(runs: int, threads: int) -> float:
     return float(fields["wall_s"])
 
 
+def floor_wake(rounds: int) -> float:
+    """Seconds of one round trip between two processes (floor.c's wake mode)."""
+    exe, why = floor_program()
+    if exe is None:
+        raise RuntimeError(f"floor.c not available: {why}")
+    p = subprocess.run([exe, "wake", str(rounds)], capture_output=True, text=True, timeout=600,
+                       check=False)
+    if p.returncode != 0:
+        raise RuntimeError(f"floor wake exited {p.returncode}: {p.stderr.strip()[-500:]}")
+    fields = dict(kv.split("=", 1) for kv in p.stdout.split()[2:])
+    return float(fields["per_round_trip_us"]) * 1e-6
+
+
 # ---- B1, B2: spawn latency ------------------------------------------------------------
 
 def bench_latency(quick: bool) -> list[Row]:
@@ -208,9 +221,11 @@ def bench_latency(quick: bool) -> list[Row]:
     rounds, calls = (3, 20) if quick else (10, 100)
     exe, why = floor_program()
     c_floor: list[float] = []  # floor.c, one thread: per-run seconds of each round
+    c_wake: list[float] = []  # floor.c wake: one round trip between processes, each round
 
     def c_round() -> None:
         c_floor.append(floor_run(calls, 1) / calls)
+        c_wake.append(floor_wake(calls * 10))
 
     s = _interleaved(funcs, rounds, calls, each_round=c_round if exe else None)
     o, t, f = _med(s["ours"]), _med(s["sub"]), _med(s["floor"])
@@ -242,6 +257,17 @@ def bench_latency(quick: bool) -> list[Row]:
                         + (f"; uncontained: {_med(s['nc']) / fc:.2f}x" if can_uncontain else "")))
     else:
         rows.append(Row("B2.c", what_c, note=f"not measured: {why}"))
+    what_w = "(info) contained minus uncontained vs one round trip between two processes"
+    if exe and can_uncontain:
+        w = _med(c_wake)
+        rows.append(Row("B2.wake", what_w, o - _med(s["nc"]), w, "s", (o - _med(s["nc"])) / w,
+                        "(info)", None,
+                        f"floor.c wake: one byte to a forked process and back over a socket "
+                        f"pair, median of {rounds} rounds; the ratio is how many such round "
+                        "trips containment costs a run (the spec goes to the supervisor, the "
+                        "leader's exit comes back through it)"))
+    else:
+        rows.append(Row("B2.wake", what_w, note=f"not measured: {why or 'no contain='}"))
     return rows
 
 
@@ -608,6 +634,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated ids to run, e.g. B1,B4 (B1 runs B2 too)")
     a = parser.parse_args(argv)
     only = {x.strip().upper() for x in a.only.split(",")} if a.only else None
+    known = {i.upper() for ids, _ in BENCHES for i in ids.split(",")}
+    if only is not None and not only <= known:
+        parser.error(f"--only: unknown id(s) {', '.join(sorted(only - known))}; "
+                     f"known: {', '.join(ids for ids, _ in BENCHES)}")
     global WARM
     WARM = not a.no_warm
 
