@@ -2,7 +2,7 @@
 
 Usage:
     python benchmarks/ab.py A_ROOT B_ROOT [--what capture|spawn|spawn-cpu|many|many-cpu|many-busy]
-                            [--bytes N] [--reps R]
+                            [--bytes N] [--reps R] [--uncontained]
 
 A_ROOT and B_ROOT are checkouts with an in-place build (``python
 csrc/build_ffi.py``).  One worker process per build imports its own
@@ -33,6 +33,7 @@ WORKER = r"""
 import resource, statistics, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 import boundedproc as bp
+CONTAIN = None if sys.argv[2] == "default" else False
 
 def spin_until(stop):
     x = 0
@@ -56,7 +57,7 @@ for line in sys.stdin:
         spin.start()
         t0 = time.perf_counter()
         try:
-            for r in bp.run_many((["/bin/true"] for _ in range(n)), jobs=4, timeout=10):
+            for r in bp.run_many((["/bin/true"] for _ in range(n)), jobs=4, timeout=10, contain=CONTAIN):
                 assert r.exit_code == 0, r
         finally:
             stop.append(1)
@@ -64,22 +65,22 @@ for line in sys.stdin:
         print((time.perf_counter() - t0) / n * 1e6, flush=True)
     elif what.startswith("many"):
         c0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        for r in bp.run_many((["/bin/true"] for _ in range(n)), jobs=4, timeout=10):
+        for r in bp.run_many((["/bin/true"] for _ in range(n)), jobs=4, timeout=10, contain=CONTAIN):
             assert r.exit_code == 0, r
         d, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
         cpu = c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
         print((cpu if what == "many-cpu" else d) / n * 1e6, flush=True)
     elif what == "spawn-cpu":
         for _ in range(20):
-            bp.run(["/bin/true"])
+            bp.run(["/bin/true"], contain=CONTAIN)
         t0 = time.thread_time()
         for _ in range(n):
-            bp.run(["/bin/true"])
+            bp.run(["/bin/true"], contain=CONTAIN)
         print((time.thread_time() - t0) / n * 1e6, flush=True)
     else:
         xs = []
         for _ in range(n):
-            t0 = time.perf_counter(); bp.run(["/bin/true"]); xs.append(time.perf_counter() - t0)
+            t0 = time.perf_counter(); bp.run(["/bin/true"], contain=CONTAIN); xs.append(time.perf_counter() - t0)
         print(statistics.median(xs) * 1e6, flush=True)
 """
 
@@ -92,8 +93,12 @@ def main() -> None:
                         default="capture")
     parser.add_argument("--bytes", type=int, default=512 << 20)
     parser.add_argument("--reps", type=int, default=8)
+    parser.add_argument("--uncontained", action="store_true",
+                        help="every run with contain=False (default: contained where supported)")
     a = parser.parse_args()
-    workers = {k: subprocess.Popen([sys.executable, "-c", WORKER, root], stdin=subprocess.PIPE,
+    contain = "uncontained" if a.uncontained else "default"
+    workers = {k: subprocess.Popen([sys.executable, "-c", WORKER, root, contain],
+                                   stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
                for k, root in (("A", a.a), ("B", a.b))}
     arg = {"capture": a.bytes, "spawn": 50, "spawn-cpu": 1000}.get(a.what, 1000)

@@ -85,6 +85,52 @@ int bp__set_nonblock(int fd)
 /* The child's stack (Linux: it runs on a stack of its own, see bp_child_start). */
 #define CHILD_STACK_SIZE (64 * 1024)
 
+#ifdef __linux__
+/*
+ * One child stack per calling thread, mapped at its first uncontained start
+ * and unmapped when the thread exits (a thread starts one child at a time:
+ * the start is one call, with every signal blocked around the clone).  A
+ * mapping made and unmapped at every start costs two system calls, page
+ * faults on the fresh pages, and an unmap while the child may still be
+ * switching off this address space on another CPU (a TLB shootdown there).
+ * After fork() the child keeps the forking thread's stack (its copy) and
+ * never sees the other threads' again (64 KiB each, for the child's life).
+ */
+static pthread_key_t stack_key;
+static pthread_once_t stack_once = PTHREAD_ONCE_INIT;
+static int stack_key_ok;
+static __thread void *thread_stack;
+
+static void stack_release(void *stack)
+{
+    (void)munmap(stack, CHILD_STACK_SIZE);
+}
+
+static void stack_key_init(void)
+{
+    stack_key_ok = pthread_key_create(&stack_key, stack_release) == 0;
+}
+
+/* This thread's child stack, or NULL with errno when none can be mapped. *kept is 0
+ * when the caller must unmap it after the start (no key to release it at thread exit). */
+static void *child_stack(int *kept)
+{
+    *kept = 1;
+    if (thread_stack != NULL)
+        return thread_stack;
+    void *stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED)
+        return NULL;
+    (void)pthread_once(&stack_once, stack_key_init);
+    if (stack_key_ok && pthread_setspecific(stack_key, stack) == 0)
+        thread_stack = stack;
+    else
+        *kept = 0;
+    return stack;
+}
+#endif
+
 void bp__spawn_failed(struct bp_run *run, int stage, int err)
 {
     struct bp_result *res = run->res;
@@ -176,9 +222,9 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
     a.hello_fd = -1;
     void *stack = NULL;
 #ifdef __linux__
-    stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (stack == MAP_FAILED) {
+    int kept;
+    stack = child_stack(&kept);
+    if (stack == NULL) {
         *stage = BP_STAGE_FORK;
         *err = errno;
         return -1;
@@ -187,7 +233,8 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
     int pidfd = -1;
     pid_t pid = bp_child_start(&a, stack, CHILD_STACK_SIZE, &pidfd, stage, err);
 #ifdef __linux__
-    (void)munmap(stack, CHILD_STACK_SIZE);
+    if (!kept)
+        (void)munmap(stack, CHILD_STACK_SIZE);
 #endif
     if (pid > 0)
         run->spawn_pidfd = pidfd;
