@@ -113,7 +113,7 @@ def pieces(calls: int) -> list[tuple[str, float]]:
 
     # _native.execute's own Python: spec struct, supervisor pool, wakeup fd.
     spec = prepared.spec
-    rows.append(("_native spec struct (ffi.new + fields, argv/exec_paths/envp)",
+    rows.append(("_native spec struct (_cspec, and the result and handle ffi.new)",
                  per_call(lambda: _spec_struct(spec), calls)))
     rows.append(("_native._acquire + _release (idle supervisor)",
                  per_call(lambda: _native._release(_acquire()), calls)))
@@ -160,17 +160,11 @@ def pieces(calls: int) -> list[tuple[str, float]]:
 
 
 def _spec_struct(spec: _native.NativeSpec) -> None:
-    ffi = _native.ffi
-    keep: list[object] = []
-    c = ffi.new("struct bp_spec *")
-    c.argv = _native._cstrings(spec.argv, keep)
-    c.exec_paths = _native._cstrings(spec.exec_paths, keep)
-    c.envp = ffi.NULL if spec.envp is None else _native._cstrings(spec.envp, keep)
-    for i in range(_native.NRLIMITS):
-        c.rlimits_soft[i] = spec.rlimits_soft[i]
-        c.rlimits_hard[i] = spec.rlimits_hard[i]
-    ffi.new("struct bp_result *")
-    ffi.new("struct bp_run **")
+    """What ``_native.execute`` builds before ``bp_start``: the spec struct as a run makes
+    it (``_cspec``), the result struct and the handle."""
+    _native._cspec(spec, False)
+    _native.ffi.new("struct bp_result *")
+    _native.ffi.new("struct bp_run **")
 
 
 def _acquire() -> Any:
