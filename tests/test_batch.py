@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import alive, importable_env, pids_in, wait_dead, wait_for_pids
+from conftest import alive, fork_with_threads, importable_env, pids_in, wait_dead, wait_for_pids
 
 from boundedproc import Job, _native, run_many
 
@@ -122,6 +122,7 @@ def test_supervisor_killed_during_a_run_fails_that_run_only() -> None:
     assert wait_dead(pids_in(killed.stdout), within=1.5) == []
 
 
+@fork_with_threads
 def test_fork_while_a_batch_runs() -> None:
     """os.fork() while run_many has runs in flight: the child runs contained commands on
     fresh supervisors and cannot go on with the parent's iterator; the parent's iterator
@@ -266,6 +267,7 @@ def test_supervisor_refused_under_run_many(tmp_path: Path) -> None:
     assert len(data["warned"]) == 1 and "containment is off" in data["warned"][0]
 
 
+@fork_with_threads
 @pytest.mark.parametrize("python_workers", [False, True])
 def test_a_forked_child_closing_the_iterator_leaves_the_parents_runs(python_workers: bool) -> None:
     """The child of os.fork() closes its copy of a run_many iterator (as its exit's clean-up
@@ -316,6 +318,7 @@ def test_core_threads_block_signals_but_their_commands_do_not(contain: bool) -> 
         assert r.stdout == b"SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n", r.stdout
 
 
+@fork_with_threads
 def test_a_forked_child_cannot_go_on_with_python_workers() -> None:
     """The Python workers' path (on_output): a forked child that asks its copy of the
     parent's iterator for the next result gets RuntimeError at once instead of waiting

@@ -18,16 +18,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import alive, pids_in, run_descendants, wait_dead
+from conftest import UNDER_ASAN, alive, pids_in, run_descendants, wait_dead
 
 from boundedproc import Cancel, Result, run
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 
 RSS_SLACK = 8 * 1024 * 1024
-# Under scripts/sanitize.sh, ASan holds freed memory in a quarantine of up to 256 MiB, so the
-# resident set grows whatever the core does; only the fd counts mean something there.
-UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
+# Under scripts/sanitize.sh (UNDER_ASAN), ASan holds freed memory in a quarantine of up to
+# 256 MiB, so the resident set grows whatever the core does; only the fd counts mean
+# something there.
 
 
 def fd_count() -> int:

@@ -20,7 +20,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import alive, as_nobody, importable_env, pids_in, run_descendants, wait_dead
+from conftest import (
+    alive,
+    as_nobody,
+    fork_with_threads,
+    importable_env,
+    pids_in,
+    run_descendants,
+    wait_dead,
+)
 
 from boundedproc import Cancel, _native, run
 
@@ -570,6 +578,7 @@ def test_supervisor_killed_during_a_run() -> None:
     assert run(["echo", "x"]).ok
 
 
+@fork_with_threads
 def test_fork_gives_the_child_fresh_supervisors() -> None:
     """The child of os.fork() runs contained commands; the parent's supervisors are untouched."""
     run(["true"])
