@@ -101,7 +101,7 @@ def main() -> None:
                                    stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
                for k, root in (("A", a.a), ("B", a.b))}
-    arg = {"capture": a.bytes, "spawn": 50, "spawn-cpu": 1000}.get(a.what, 1000)
+    arg = {"capture": a.bytes, "spawn": 50}.get(a.what, 1000)
     got: dict[str, list[float]] = {"A": [], "B": []}
     try:
         for i in range(a.reps):

@@ -25,9 +25,9 @@
  *
  *     floor wake rounds=20000 per_round_trip_us=54.0
  *
- * A contained run crosses between processes twice more than an uncontained
- * one (the spec to the supervisor; the leader's exit through it), so this is
- * the price of containment that no code of ours can take away.
+ * A contained run crosses between processes more often than an uncontained
+ * one (the spec to the supervisor; the leader's exit through it): run.py's
+ * B2.wake says how many such round trips containment costs a run.
  */
 #define _GNU_SOURCE
 #include <errno.h>

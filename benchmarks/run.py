@@ -172,30 +172,26 @@ def floor_program() -> tuple[str | None, str]:
     return _FLOOR["path"], _FLOOR["why"] or ""
 
 
-def floor_run(runs: int, threads: int) -> float:
-    """Wall seconds floor.c took (timed inside it) for `runs` x /bin/true, `threads` at a time."""
+def _floor(*args: str) -> dict[str, str]:
+    """Run floor.c with ``args`` and return the ``key=value`` fields of its one line."""
     exe, why = floor_program()
     if exe is None:
         raise RuntimeError(f"floor.c not available: {why}")
-    p = subprocess.run([exe, str(runs), str(threads)], capture_output=True, text=True,
-                       timeout=600, check=False)
+    p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=600, check=False)
     if p.returncode != 0:
-        raise RuntimeError(f"floor exited {p.returncode}: {p.stderr.strip()[-500:]}")
-    fields = dict(kv.split("=", 1) for kv in p.stdout.split()[1:])
-    return float(fields["wall_s"])
+        raise RuntimeError(f"floor {' '.join(args)} exited {p.returncode}: "
+                           f"{p.stderr.strip()[-500:]}")
+    return dict(kv.split("=", 1) for kv in p.stdout.split() if "=" in kv)
+
+
+def floor_run(runs: int, threads: int) -> float:
+    """Wall seconds floor.c took (timed inside it) for `runs` x /bin/true, `threads` at a time."""
+    return float(_floor(str(runs), str(threads))["wall_s"])
 
 
 def floor_wake(rounds: int) -> float:
     """Seconds of one round trip between two processes (floor.c's wake mode)."""
-    exe, why = floor_program()
-    if exe is None:
-        raise RuntimeError(f"floor.c not available: {why}")
-    p = subprocess.run([exe, "wake", str(rounds)], capture_output=True, text=True, timeout=600,
-                       check=False)
-    if p.returncode != 0:
-        raise RuntimeError(f"floor wake exited {p.returncode}: {p.stderr.strip()[-500:]}")
-    fields = dict(kv.split("=", 1) for kv in p.stdout.split()[2:])
-    return float(fields["per_round_trip_us"]) * 1e-6
+    return float(_floor("wake", str(rounds))["per_round_trip_us"]) * 1e-6
 
 
 # ---- B1, B2: spawn latency ------------------------------------------------------------
@@ -259,8 +255,8 @@ def bench_latency(quick: bool) -> list[Row]:
         rows.append(Row("B2.c", what_c, note=f"not measured: {why}"))
     what_w = "(info) contained minus uncontained vs one round trip between two processes"
     if exe and can_uncontain:
-        w = _med(c_wake)
-        rows.append(Row("B2.wake", what_w, o - _med(s["nc"]), w, "s", (o - _med(s["nc"])) / w,
+        w, extra = _med(c_wake), o - _med(s["nc"])
+        rows.append(Row("B2.wake", what_w, extra, w, "s", extra / w,
                         "(info)", None,
                         f"floor.c wake: one byte to a forked process and back over a socket "
                         f"pair, median of {rounds} rounds; the ratio is how many such round "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno as _errno
 import mmap
+import operator
 import os
 import signal
 import sys
@@ -525,6 +526,16 @@ def _take(run: object, stream: int, length: int) -> bytes:
     return out
 
 
+# The plain values of a NativeSpec that go into its struct as they are (bools as 0/1).
+_PLAIN_FIELDS = ("timeout_ns", "max_output", "overflow_kill", "merge_stderr", "cancel_fd",
+                 "cancel_fd2", "kill_grace_ns", "drain_grace_ns", "exit_watch", "contain",
+                 "uid", "gid", "stdin_fd", "stdout_fd", "stderr_fd", "first_signal",
+                 "new_session", "keep")
+_plain_values = operator.attrgetter(*_PLAIN_FIELDS)
+_SPEC_SIZE = ffi.sizeof("struct bp_spec")
+_scalar_structs: dict[tuple[object, ...], bytes] = {}
+
+
 def _scalars(spec: NativeSpec, report_chunks: bool) -> bytes:
     """The bytes of a ``struct bp_spec`` holding ``spec``'s plain values, every pointer NULL.
 
@@ -534,45 +545,21 @@ def _scalars(spec: NativeSpec, report_chunks: bool) -> bytes:
     README.md, "The Python side of a run").
     """
     c = ffi.new("struct bp_spec *")
-    c.timeout_ns = spec.timeout_ns
-    c.max_output = spec.max_output
-    c.overflow_kill = int(spec.overflow_kill)
-    c.merge_stderr = int(spec.merge_stderr)
-    c.cancel_fd = spec.cancel_fd
-    c.cancel_fd2 = spec.cancel_fd2
+    for name, value in zip(_PLAIN_FIELDS, _plain_values(spec)):
+        setattr(c, name, value)
     c.wake_fd = -1
-    c.kill_grace_ns = spec.kill_grace_ns
-    c.drain_grace_ns = spec.drain_grace_ns
-    c.exit_watch = spec.exit_watch
     c.out_page_offset = _BYTES_PAGE_OFFSET
-    c.contain = int(spec.contain)
-    c.uid = spec.uid
-    c.gid = spec.gid
     c.ngroups = -1 if spec.groups is None else len(spec.groups)
-    c.stdin_fd = spec.stdin_fd
-    c.stdout_fd = spec.stdout_fd
-    c.stderr_fd = spec.stderr_fd
-    c.first_signal = spec.first_signal
-    c.new_session = int(spec.new_session)
-    c.keep = spec.keep
     c.report_chunks = int(report_chunks)
     c.rlimits_soft = list(spec.rlimits_soft)
     c.rlimits_hard = list(spec.rlimits_hard)
     return bytes(ffi.buffer(c))
 
 
-_SPEC_SIZE = ffi.sizeof("struct bp_spec")
-_scalar_structs: dict[tuple[object, ...], bytes] = {}
-
-
 def _cspec(spec: NativeSpec, report_chunks: bool) -> tuple[Any, list[object]]:
     """``spec`` as a ``struct bp_spec``, and what it points to (keep it alive with it)."""
-    key = (spec.timeout_ns, spec.max_output, spec.overflow_kill, spec.merge_stderr,
-           spec.cancel_fd, spec.cancel_fd2, spec.kill_grace_ns, spec.drain_grace_ns,
-           spec.exit_watch, spec.contain, spec.uid, spec.gid,
-           None if spec.groups is None else len(spec.groups), spec.stdin_fd, spec.stdout_fd,
-           spec.stderr_fd, spec.first_signal, spec.new_session, spec.keep, report_chunks,
-           *spec.rlimits_soft, *spec.rlimits_hard)
+    key = (_plain_values(spec), None if spec.groups is None else len(spec.groups),
+           report_chunks, *spec.rlimits_soft, *spec.rlimits_hard)
     scalars = _scalar_structs.get(key)
     if scalars is None:
         if len(_scalar_structs) >= 64:

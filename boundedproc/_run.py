@@ -387,12 +387,15 @@ def unknown_keyword(unknown: Mapping[str, object], function: str = "run") -> Typ
     return TypeError(f"{function}() got an unexpected keyword argument {name!r}")
 
 
+def _output(data: bytes, text: bool) -> Any:
+    """A stream as a result holds it: ``str`` decoded as UTF-8 (errors replaced) with
+    ``text=True``, else the bytes."""
+    return data.decode("utf-8", "replace") if text else data
+
+
 def _make(text: bool, stdout: bytes, stderr: bytes, **fields: Any) -> AnyResult:
-    """A ``Result[str]`` (decoded as UTF-8, errors replaced) or a ``Result[bytes]``."""
-    if text:
-        return Result(stdout=stdout.decode("utf-8", "replace"),
-                      stderr=stderr.decode("utf-8", "replace"), **fields)
-    return Result(stdout=stdout, stderr=stderr, **fields)
+    """A ``Result[str]`` or a ``Result[bytes]`` (see ``_output``)."""
+    return Result(stdout=_output(stdout, text), stderr=_output(stderr, text), **fields)
 
 
 def _not_spawned(prepared: Prepared, started: float) -> AnyResult:
@@ -452,18 +455,13 @@ def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes 
 def _to_result(out: _native.NativeOutcome, prepared: Prepared, started: float,
                duration: float | None = None) -> AnyResult:
     opts = prepared.options
-    stdout: Any = out.stdout  # bytes, or str with text=True
-    stderr: Any = out.stderr
-    if opts.text:
-        stdout = out.stdout.decode("utf-8", "replace")
-        stderr = out.stderr.decode("utf-8", "replace")
     # Built here in one call, not through _make: this runs once a command, and at scale
     # the caller's CPU a run counts (benchmarks/README.md, "The Python side of a run").
     return Result(
         args=tuple([text_arg(a) for a in prepared.args]),
         exit_code=out.exit_code,
-        stdout=stdout,
-        stderr=stderr,
+        stdout=_output(out.stdout, opts.text),
+        stderr=_output(out.stderr, opts.text),
         timed_out=out.timed_out,
         cancelled=out.cancelled,
         output_truncated=out.output_truncated,

@@ -212,7 +212,6 @@ if __name__ == "__main__":  # pragma: no cover - for valgrind/ASan runs by hand
     sys.exit(pytest.main([__file__, "-q"]))
 
 
-
 @pytest.mark.skipif(not sys.platform.startswith("linux") or UNDER_ASAN,
                     reason="the child stack is Linux's; ASan's quarantine holds memory")
 def test_threads_that_exit_leave_no_child_stack_behind() -> None:
