@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -181,3 +182,33 @@ def run_descendants() -> list[psutil.Process]:
             continue
         found.append(proc)
     return found
+
+
+def describe_tree(pid: int) -> str:
+    """What pid and its descendants are doing: state, system call, signals; for a hang's report.
+
+    Read from /proc (each thread's current system call and its arguments, its kernel wait
+    channel, and its pending, blocked and caught signals), so that a test that timed out
+    says where each process of the run was waiting.
+    """
+    lines: list[str] = []
+    todo = [(pid, 0)]
+    while todo:
+        proc, depth = todo.pop()
+        pad = "  " * depth
+        base = Path(f"/proc/{proc}")
+        try:
+            status = dict(line.split(":\t", 1) for line in
+                          (base / "status").read_text().splitlines() if ":\t" in line)
+            cmd = (base / "cmdline").read_bytes().replace(b"\0", b" ")
+            lines.append(f"{pad}{proc} {status.get('State', '?')} {cmd[:100]!r} "
+                         f"pending={status.get('SigPnd')}/{status.get('ShdPnd')} "
+                         f"blocked={status.get('SigBlk')} caught={status.get('SigCgt')}")
+            for task in sorted((base / "task").iterdir(), key=lambda t: int(t.name)):
+                call = (task / "syscall").read_text().strip()
+                chan = (task / "wchan").read_text().strip()
+                lines.append(f"{pad}  thread {task.name}: syscall {call} wchan {chan}")
+                todo.extend((int(c), depth + 1) for c in (task / "children").read_text().split())
+        except OSError as err:
+            lines.append(f"{pad}{proc}: {err}")
+    return "\n".join(lines)
