@@ -515,7 +515,9 @@ def test_verify_gradeable_evidence_catalog(check: str, expect: str, options: dic
 @needs_contain
 def test_verify_kills_a_setsid_escapee(tmp_path: Path, watch: Watch) -> None:
     """A check that leaves a `setsid` sleeper behind is graded on its output and the sleeper dies."""
-    check = ESCAPEE.format(f=tmp_path / "pid").replace("echo parent-done", "echo $((6*7))")
+    # A relative pid file (the check runs in tmp_path): a path in the check's text could hold
+    # "42" (pytest-of-root/pytest-42/), and the check would be refused as self-certifying.
+    check = ESCAPEE.format(f="pid").replace("echo parent-done", "echo $((6*7))")
     verified = verify_gradeable_evidence(Evidence(rung=4, check=check, expect="42"),
                                          cwd=tmp_path, env={"PATH": os.defpath}, timeout=20)
     assert verified.execution is not None
