@@ -110,6 +110,8 @@ struct bp_run {
     int ctl_fd;             /* unused (kept -1) */
     int sup_dead;           /* it died (or stopped answering) during the run */
     int sup_final;          /* its FINAL report came and was taken: nothing left to ask */
+    int sup_pending;        /* RUN sent; the leader's exec (or its failure) not yet known:
+                               pid may still be 0, and the supervisor signals for us */
     int64_t next_sup_check_ns; /* when to look next whether the command stopped it */
     int64_t bound_end_ns;   /* start + timeout + kill_grace + drain_grace; -1: none */
 };
@@ -123,7 +125,7 @@ int bp__set_nonblock(int fd);
 void bp__spawn_failed(struct bp_run *run, int stage, int err);
 
 /* sup.c */
-pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err);
+int bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err);
 /* How often every wait on a supervisor looks whether the command stopped it. */
 #define BP_SUP_CHECK_NS 50000000LL
 void bp__sup_revive(struct bp_sup *sup);
@@ -146,6 +148,7 @@ void bp__close_fd(int *fd);
 void bp__signal_group(struct bp_run *run, int sig);
 void bp__record_unknown_status(struct bp_result *res);
 int bp__reap(struct bp_run *run);
+int bp__has_leader(const struct bp_run *run);
 void bp__finish_result(struct bp_run *run);
 void bp__record_status(struct bp_result *res, int status);
 

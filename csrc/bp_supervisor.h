@@ -21,8 +21,10 @@
  *     BP_MSG_HELLO        at start: err 0, or the stage/errno that refused it
  *     BP_MSG_LEADER       sent by the leader itself just before its exec: pid
  *                         (only when the supervisor has no shared page, below)
- *     BP_MSG_SPAWNED      the leader exec'd: pid
- *     BP_MSG_SPAWN_FAILED stage/err say why; nothing is running
+ *     BP_MSG_SPAWNED      the leader exec'd: pid (only without a shared page:
+ *                         with one, FINAL or EXITED says the exec worked)
+ *     BP_MSG_SPAWN_FAILED stage/err say why; nothing is running, and a KILL
+ *                         or SIGNAL that crossed it is ignored (no FINAL)
  *     BP_MSG_EXITED       the leader exited (still unreaped)
  *     BP_MSG_FINAL        the leader's status; rusage summed over every process
  *                         reaped during the run (max_rss: the largest);
@@ -36,9 +38,10 @@
  * the leader, which runs on the supervisor's memory until its exec.  Its
  * first int32 is the current run's leader pid: the core zeroes it before
  * RUN, and the leader writes its pid there just before its exec.  If the
- * supervisor dies before SPAWNED, the core still knows which group to kill,
- * and no message wakes it for that.  Without the page (it could not be
- * made), the leader sends BP_MSG_LEADER instead.
+ * supervisor dies before the run's end, the core still knows which group to
+ * kill, and no message wakes it for the start: the core does not wait for
+ * one (bp_start returns as soon as RUN is sent).  Without the page (it could
+ * not be made), the leader sends BP_MSG_LEADER and the supervisor SPAWNED.
  *
  * The supervisor holds the child's stdout and stderr ends (copies) from RUN
  * until just after FINAL: the core sees the pipes' EOF, and FINAL, at one

@@ -22,11 +22,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* 1 while the run has a leader to signal or reap: started here, or handed
+ * to a supervisor that has not reported its exec yet (sup_pending). */
+int bp__has_leader(const struct bp_run *run)
+{
+    return (run->pid > 0 || run->sup_pending) && !run->reaped;
+}
+
 /* Send sig to the run's process group (to the leader alone when it shares
  * our group), only while the leader is unreaped. */
 void bp__signal_group(struct bp_run *run, int sig)
 {
-    if (run->pid <= 0 || run->reaped)
+    if (!bp__has_leader(run))
         return;
     if (sig == SIGKILL)
         run->sigkill_sent = 1;
@@ -118,7 +125,7 @@ static int exit_status_from_pidfd(const struct bp_run *run, int *status)
  */
 int bp__reap(struct bp_run *run)
 {
-    if (run->pid <= 0 || run->reaped)
+    if (!bp__has_leader(run))
         return 0;
     if (run->sup != NULL)
         return bp__sup_reap(run);

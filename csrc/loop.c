@@ -108,7 +108,7 @@ static int end_run(struct bp_run *run, int reason)
  */
 int bp_signal(struct bp_run *run, int sig)
 {
-    if (run == NULL || run->pid <= 0 || run->reaped || run->phase == BP_PHASE_DONE) {
+    if (run == NULL || !bp__has_leader(run) || run->phase == BP_PHASE_DONE) {
         errno = ESRCH;
         return -1;
     }
@@ -263,10 +263,13 @@ static int start_exit_watch(struct bp_run *run)
  * or the supervisor's status socket (BP_MSG_EXITED, or EOF if it died). */
 static void note_exit_event(struct bp_run *run)
 {
-    if (run->sup != NULL)
-        bp__sup_event(run);
-    else
+    if (run->sup == NULL) {
         run->leader_exited = 1;
+        return;
+    }
+    bp__sup_event(run);
+    if (!run->res->spawned)
+        finish(run);  /* the contained start failed: nothing ran (sup.c) */
 }
 
 /* ---- public entry points ------------------------------------------------ */
@@ -309,18 +312,12 @@ int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_sup *s
         run->phase = BP_PHASE_DONE;
         return 0;
     }
-    if (run->start_ns == 0)
-        run->start_ns = bp__now_ns();  /* unless the supervisor's LEADER set it */
+    run->start_ns = bp__now_ns();
     run->next_sup_check_ns = bp__now_ns() + BP_SUP_CHECK_NS;
     if (spec->timeout_ns >= 0) {
         run->deadline_ns = run->start_ns + spec->timeout_ns;
         if (spec->kill_grace_ns >= 0)
             run->bound_end_ns = run->deadline_ns + spec->kill_grace_ns + spec->drain_grace_ns;
-    }
-    if (run->sup_dead) {
-        /* The supervisor died as the leader started: end the run now. */
-        res->end_reason = BP_END_ABORT;
-        run->leader_exited = 1;
     }
     if (spec->stdin_len == 0)
         close_stdin(run);

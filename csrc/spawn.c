@@ -248,6 +248,9 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
  * setuid, execve, ...), res->spawned is 0 and err_stage/err_errno say why; no
  * fd is left open and no child unreaped.  On success res->spawned is 1 and
  * run->pid (the leader), run->stdin_fd, run->out.fd, run->err.fd are set.
+ * A contained start only hands the command to the supervisor: run->pid is 0
+ * (run->sup_pending) until it is known, and a failure of the leader's setup
+ * or exec is learned by the loop, which then undoes res->spawned (sup.c).
  */
 int bp__spawn(struct bp_run *run)
 {
@@ -277,15 +280,16 @@ int bp__spawn(struct bp_run *run)
 #endif
 
     int err = 0;
-    pid_t pid;
+    pid_t pid = 0;
+    int started;
     if (run->sup != NULL)
-        pid = bp__sup_spawn(run, child, &stage, &err);
+        started = bp__sup_spawn(run, child, &stage, &err) == 0;  /* the leader's pid comes later */
     else
-        pid = start_here(run, child, &stage, &err);
+        started = (pid = start_here(run, child, &stage, &err)) > 0;
     for (int i = 0; i < 3; i++)
         bp__close_fd(&child[i]);
 
-    if (pid <= 0) {
+    if (!started) {
         for (int i = 0; i < 3; i++)
             bp__close_fd(&ours[i]);
         if (!run->res->spawned)

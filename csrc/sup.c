@@ -10,11 +10,12 @@
  *            (or the stage and errno that refused it, which the caller may
  *            take as "containment unavailable here").
  *   run      BP_CMD_RUN with the spec inline (a memfd past 48 KiB) and the
- *            child's stdio fds; the leader's pid in the shared page (or a
- *            LEADER message without one), then SPAWNED or SPAWN_FAILED;
- *            EXITED; SIGNAL/KILL from us; FINAL.  A run that leaves nothing
- *            behind costs us two wakeups: SPAWNED, and FINAL with the pipes'
- *            EOF (the supervisor holds the output ends until FINAL).
+ *            child's stdio fds, and bp_start returns: nothing is waited for.
+ *            The leader's pid appears in the shared page (without one: LEADER,
+ *            then SPAWNED), or SPAWN_FAILED comes; EXITED; SIGNAL/KILL from
+ *            us; FINAL.  A run that leaves nothing behind costs us one
+ *            wakeup: FINAL with the pipes' EOF (the supervisor holds the
+ *            output ends until FINAL).
  *   death    at any point the supervisor may die (a command that kills its
  *            parent, a kill from outside) or stop answering (SIGSTOP).  Every
  *            wait on it is bounded.  If it dies, the leader dies with it (its
@@ -49,7 +50,6 @@
 #endif
 
 #define HELLO_WAIT_MS 5000
-#define SPAWN_WAIT_MS 5000
 
 struct bp_sup {
     pid_t pid;
@@ -63,31 +63,19 @@ struct bp_sup {
 
 extern char **environ;
 
-/* Wait up to ns for fd to be readable: 1 ready, 0 timeout, -1 error; or 2 as
- * soon as one of the three others (-1: none) is readable. */
-static int wait_readable_or(int fd, int64_t ns, const int others[3])
-{
-    int64_t until = bp__now_ns() + ns;
-    for (;;) {
-        struct pollfd p[4] = {{fd, POLLIN, 0}, {others[0], POLLIN, 0}, {others[1], POLLIN, 0},
-                              {others[2], POLLIN, 0}};
-        int64_t left = until - bp__now_ns();
-        int ms = left <= 0 ? 0 : (int)((left + 999999) / 1000000);
-        int rc = poll(p, 4, ms);  /* a negative fd is skipped */
-        if (rc > 0)
-            return p[0].revents ? 1 : 2;
-        if (rc == 0)
-            return 0;
-        if (errno != EINTR)
-            return -1;
-    }
-}
-
 /* Wait up to ms for fd to be readable; 1 ready, 0 timeout, -1 error. */
 static int wait_readable(int fd, int ms)
 {
-    static const int none[3] = {-1, -1, -1};
-    return wait_readable_or(fd, (int64_t)ms * 1000000, none);
+    int64_t until = bp__now_ns() + (int64_t)ms * 1000000;
+    for (;;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        int64_t left = until - bp__now_ns();
+        int rc = poll(&p, 1, left <= 0 ? 0 : (int)((left + 999999) / 1000000));
+        if (rc >= 0)
+            return rc > 0;
+        if (errno != EINTR)
+            return -1;
+    }
 }
 
 /*
@@ -475,14 +463,15 @@ static void sup_failed(struct bp_run *run, int how)
 }
 
 /*
- * bp__sup_spawn: start the run's command through its supervisor.  child[]
- * are the command's stdio ends (-1: closed).  Returns the leader's pid; or
- * -1 with *stage and *err set when nothing was started (then res->runner_failed
- * says whether the supervisor itself failed).  When the supervisor dies after
- * the leader announced itself, returns its pid with res->runner_failed set:
- * the run then ends at once (loop.c) and its group is killed.
+ * bp__sup_spawn: hand the run's command to its supervisor.  child[] are the
+ * command's stdio ends (-1: closed).  Returns 0 once the supervisor has it
+ * (run->sup_pending: the leader's pid and whether its exec worked are learned
+ * in the loop, so a contained start never waits for the supervisor, and a
+ * signal that arrives meanwhile is handled as in any run); or -1 with *stage
+ * and *err set when nothing could be handed over (then res->runner_failed
+ * says whether the supervisor itself failed).
  */
-pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err)
+int bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err)
 {
     const struct bp_spec *spec = run->spec;
     struct bp_sup *sup = run->sup;
@@ -540,65 +529,11 @@ pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err
         *err = send_errno;
         return -1;
     }
-    /*
-     * SPAWNED or SPAWN_FAILED (after LEADER, from the leader itself before its exec, when
-     * there is no shared page),
-     * waited for here and nowhere else, so the loop never sees a start report.  Bounded:
-     * SPAWN_WAIT_MS for the supervisor to answer at all, looking every BP_SUP_CHECK_NS
-     * whether the command stopped it (then it is continued: bp__sup_revive); Ctrl-C (the
-     * wake fd) or a cancel shortens what is left to 0.3 s.
-     */
-    pid_t leader = 0;
-    int64_t now = bp__now_ns();
-    int64_t give_up = now + (int64_t)SPAWN_WAIT_MS * 1000000;
-    int hurry[3] = {spec->wake_fd, spec->cancel_fd, spec->cancel_fd2};
-    for (;;) {
-        now = bp__now_ns();
-        int64_t slice = give_up - now < BP_SUP_CHECK_NS ? give_up - now : BP_SUP_CHECK_NS;
-        int ready = now >= give_up ? 0 : wait_readable_or(sup->sock, slice, hurry);
-        if (ready == 2) {
-            hurry[0] = hurry[1] = hurry[2] = -1;  /* readable until handled: poll it no more */
-            if (now + 300000000 < give_up)
-                give_up = now + 300000000;
-            continue;
-        }
-        if (ready == 0 && bp__now_ns() < give_up) {
-            bp__sup_revive(sup);  /* silent so far: stopped by the command? */
-            continue;
-        }
-        struct bp_sup_msg m;
-        int got = ready == 1 ? recv_msg(sup->sock, &m) : -1;
-        if (got == -1 && ready == 1 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            continue;
-        if (got != 1) {
-            /* Dead (EOF) or silent: it cannot serve this run. */
-            sup_failed(run, ready == 0 ? BP_RUNNER_UNRESPONSIVE : BP_RUNNER_DIED);
-            if (leader <= 0 && sup->page != NULL && sup->page[0] > 0) {
-                leader = sup->page[0];  /* it got as far as its exec */
-                run->start_ns = bp__now_ns();
-            }
-            if (leader > 0) {
-                run->sup_dead = 1;
-                return leader;  /* started: the loop ends it and kills its group */
-            }
-            if (ready == 0)
-                run->res->runner_status = reap_sup(sup, 100, 1);
-            *stage = BP_STAGE_SUPERVISOR;
-            *err = EIO;
-            return -1;
-        }
-        if (m.type == BP_MSG_LEADER) {
-            leader = m.pid;
-            run->start_ns = bp__now_ns();  /* the command's clock starts here */
-        } else if (m.type == BP_MSG_SPAWNED) {
-            run->exit_fd = sup->sock;  /* borrowed: never closed by the run */
-            return m.pid;
-        } else if (m.type == BP_MSG_SPAWN_FAILED) {
-            *stage = m.stage;
-            *err = m.err;
-            return -1;
-        }
-    }
+    /* Nothing is waited for here: the leader's pid comes through the shared page (or
+     * LEADER), a failed start as SPAWN_FAILED, both taken by the loop (bp__sup_event). */
+    run->exit_fd = sup->sock;  /* borrowed: never closed by the run */
+    run->sup_pending = 1;
+    return 0;
 }
 
 /* The final kill's budget: what is left of the run's bound (SPEC 2.2 step
@@ -615,13 +550,87 @@ static int64_t kill_budget(const struct bp_run *run)
     return left < floor_ns ? floor_ns : left > ceil_ns ? ceil_ns : left;
 }
 
+/* The leader's pid, once known: from LEADER/SPAWNED, or from the shared page,
+ * where it writes its pid just before its exec; 0 while unknown. */
+static pid_t leader_pid(struct bp_run *run)
+{
+    if (run->pid <= 0 && run->res->spawned && run->sup->page != NULL && run->sup->page[0] > 0) {
+        run->pid = run->sup->page[0];
+        run->res->pid = (int)run->pid;
+    }
+    return run->pid;
+}
+
+static void set_leader(struct bp_run *run, pid_t pid)
+{
+    if (pid > 0) {
+        run->pid = pid;
+        run->res->pid = (int)pid;
+    }
+}
+
+/* Kill the leader's group ourselves: nobody holds the leader unreaped any
+ * more (see the header comment for why that is safe).  Nothing when its pid
+ * never became known: it then died before its exec, of its parent-death
+ * signal, and kill(0) would name our own group. */
+static void kill_group(struct bp_run *run, int sig)
+{
+    pid_t pid = leader_pid(run);
+    if (pid > 0)
+        (void)kill(run->spec->new_session ? -pid : pid, sig);
+}
+
+/* The leader's setup or exec failed (SPAWN_FAILED), or the supervisor died
+ * before its leader got as far as its exec: nothing ran, nothing is left to
+ * kill or reap, and the result is a spawn failure as from an uncontained
+ * start (the stdin bytes that went into the pipe reached no command). */
+static void start_failed(struct bp_run *run, int stage, int err)
+{
+    run->sup_pending = 0;
+    run->pid = 0;
+    run->res->pid = 0;
+    run->leader_exited = 1;
+    run->reaped = 1;
+    run->sup_final = 1;
+    run->res->stdin_written = 0;
+    run->res->stdin_delivered = run->spec->stdin_len == 0;
+    bp__spawn_failed(run, stage, err);
+}
+
+/* The supervisor is gone (EOF, a garbage record, or silent past its bound). */
+static void sup_lost(struct bp_run *run, int how)
+{
+    sup_failed(run, how);
+    if (leader_pid(run) <= 0 && run->sup_pending) {
+        start_failed(run, BP_STAGE_SUPERVISOR, EIO);  /* it never got to the exec */
+        return;
+    }
+    run->sup_pending = 0;
+    run->sup_dead = 1;
+    run->leader_exited = 1;
+}
+
+/* A start report: 1 when m was one (taken), else 0. */
+static int take_start_report(struct bp_run *run, const struct bp_sup_msg *m)
+{
+    if (m->type == BP_MSG_LEADER) {
+        set_leader(run, m->pid);
+    } else if (m->type == BP_MSG_SPAWNED) {
+        set_leader(run, m->pid);
+        run->sup_pending = 0;
+    } else if (m->type == BP_MSG_SPAWN_FAILED) {
+        start_failed(run, m->stage, m->err);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 /* Signal or kill through the supervisor (contained run, leader unreaped). */
 void bp__sup_signal(struct bp_run *run, int sig)
 {
     if (run->sup_dead) {
-        /* Nobody holds the leader unreaped any more: kill its group
-         * ourselves (see the header comment for why that is safe). */
-        (void)kill(run->spec->new_session ? -run->pid : run->pid, sig);
+        kill_group(run, sig);
         return;
     }
     if (run->sup_final) {
@@ -635,9 +644,8 @@ void bp__sup_signal(struct bp_run *run, int sig)
     cmd.sig = sig;
     cmd.budget_ns = kill_budget(run);
     if (send_cmd(run->sup, &cmd, NULL, 0, NULL, 0) < 0) {
-        run->sup_dead = 1;
-        sup_failed(run, BP_RUNNER_DIED);
-        (void)kill(run->spec->new_session ? -run->pid : run->pid, sig);
+        sup_lost(run, BP_RUNNER_DIED);
+        kill_group(run, sig);
     }
 }
 
@@ -645,6 +653,8 @@ void bp__sup_signal(struct bp_run *run, int sig)
 static void take_final(struct bp_run *run, const struct bp_sup_msg *m)
 {
     struct bp_result *res = run->res;
+    (void)leader_pid(run);
+    run->sup_pending = 0;
     bp__record_status(res, m->status);
     res->user_time = (double)m->utime_us / 1e6;
     res->system_time = (double)m->stime_us / 1e6;
@@ -661,10 +671,12 @@ void bp__sup_event(struct bp_run *run)
     int got = recv_msg(run->sup->sock, &m);
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         return;
-    if (got == 1 && (m.type == BP_MSG_EXITED || m.type == BP_MSG_LEADER
-                     || m.type == BP_MSG_SPAWNED)) {
-        if (m.type == BP_MSG_EXITED)
-            run->leader_exited = 1;
+    if (got == 1 && take_start_report(run, &m))
+        return;
+    if (got == 1 && m.type == BP_MSG_EXITED) {
+        (void)leader_pid(run);
+        run->sup_pending = 0;
+        run->leader_exited = 1;
         return;
     }
     if (got == 1 && m.type == BP_MSG_FINAL) {
@@ -676,17 +688,17 @@ void bp__sup_event(struct bp_run *run)
         return;
     }
     /* EOF or garbage: the supervisor is gone, and the leader with it. */
-    run->sup_dead = 1;
-    run->leader_exited = 1;
-    sup_failed(run, BP_RUNNER_DIED);
+    sup_lost(run, BP_RUNNER_DIED);
 }
 
 /*
  * bp__sup_reap: end a contained run: have the supervisor kill everything and
  * reap the leader, and read its FINAL report; bounded by the run's budget
- * plus a margin, also while a signal (wake_fd) asks us to hurry.  On any
- * failure of the supervisor, kill the group ourselves and SIGKILL and reap
- * the supervisor.  Returns 0 (failures are in res->runner_failed).
+ * plus a margin, also while a signal (wake_fd) asks us to hurry.  A start
+ * that turns out to have failed (SPAWN_FAILED, which comes instead of FINAL)
+ * ends it too.  On any failure of the supervisor, kill the group ourselves
+ * and SIGKILL and reap the supervisor.  Returns 0 (failures are in
+ * res->runner_failed).
  */
 int bp__sup_reap(struct bp_run *run)
 {
@@ -704,7 +716,7 @@ int bp__sup_reap(struct bp_run *run)
     while (!run->sup_dead && !final) {
         int64_t left = (until - bp__now_ns()) / 1000000;
         if (left <= 0) {
-            sup_failed(run, BP_RUNNER_UNRESPONSIVE);
+            sup_lost(run, BP_RUNNER_UNRESPONSIVE);
             break;
         }
         if (left > BP_SUP_CHECK_NS / 1000000)
@@ -727,10 +739,11 @@ int bp__sup_reap(struct bp_run *run)
         if (got == -1 && (errno == EAGAIN || errno == EWOULDBLOCK))
             continue;
         if (got != 1) {
-            run->sup_dead = 1;
-            sup_failed(run, BP_RUNNER_DIED);
+            sup_lost(run, BP_RUNNER_DIED);
             break;
         }
+        if (take_start_report(run, &m) && run->sup_final)
+            return 0;  /* SPAWN_FAILED: nothing ran, and the supervisor is fine */
         final = m.type == BP_MSG_FINAL;
     }
     run->reaped = 1;
@@ -738,12 +751,14 @@ int bp__sup_reap(struct bp_run *run)
         take_final(run, &m);
         return 0;
     }
-    /* It died or did not answer: the group is ours to kill now. */
-    (void)kill(run->spec->new_session ? -run->pid : run->pid, SIGKILL);
+    /* It died or did not answer: the group (if the leader got as far as its
+     * exec) is ours to kill now. */
+    kill_group(run, SIGKILL);
     sup->broken = 1;
     run->res->runner_status = reap_sup(sup, 100, 1);
-    (void)kill(run->spec->new_session ? -run->pid : run->pid, SIGKILL);
-    bp__record_unknown_status(run->res);
+    kill_group(run, SIGKILL);
+    if (run->res->spawned)
+        bp__record_unknown_status(run->res);
     return 0;
 }
 
@@ -787,7 +802,7 @@ void bp_sup_forget(struct bp_sup *sup)
     (void)sup;
 }
 
-pid_t bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err)
+int bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err)
 {
     (void)run;
     (void)child;

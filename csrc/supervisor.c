@@ -555,7 +555,8 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
     close_run_fds(fds);
     if (s->leader <= 0)
         return 0;
-    send_simple(s, BP_MSG_SPAWNED, (int)s->leader, 0, 0);
+    if (s->page == NULL)
+        send_simple(s, BP_MSG_SPAWNED, (int)s->leader, 0, 0);  /* else its pid is in the page */
 
     for (;;) {
         struct pollfd p[3] = {{s->sock, POLLIN, 0}, {s->sfd, POLLIN, 0}, {s->caller_fd, POLLIN, 0}};
