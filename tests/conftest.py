@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -21,6 +22,16 @@ UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 # the sanitizer pass skips the tests that fork while other threads of theirs are running.
 fork_with_threads = pytest.mark.skipif(
     UNDER_ASAN, reason="ASan's allocator (GCC 12) is not fork-safe while other threads allocate")
+
+# For the same reason, no thread of the suite's own process may wake by itself: tqdm's monitor
+# thread (started by the first progress bar, a grader or run_many test) wakes every 10 s and
+# allocates, and a subprocess with a preexec_fn (the timeout CLI's tests) runs Python in the
+# forked child.  A sanitizer run hung so: the child of test_signals_are_sent_on waited forever
+# on ASan's allocator lock, and the suite's only thread not idle was tqdm_monitor.
+with contextlib.suppress(ImportError):
+    import tqdm
+
+    tqdm.tqdm.monitor_interval = 0
 
 
 def pytest_configure(config: pytest.Config) -> None:
