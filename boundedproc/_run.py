@@ -9,6 +9,7 @@ together and turns the core's outcome into a ``Result``.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 import time
@@ -442,6 +443,9 @@ def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes 
             target = f"program {text_arg(args[0])!r}"
         elif stage == "supervisor":
             target = f"the supervisor program {_native.SUPERVISOR_PATH!r}"
+            if out.err_errno == errno.EPROTO:
+                target += (" is from another build of boundedproc (upgraded under this "
+                           "process, or a stale build): restart, or reinstall")
         else:
             target = f"{stage} for {text_arg(args[0])!r}"
         prefix = "runner failed" if out.spawned else "spawn failed"

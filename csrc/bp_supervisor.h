@@ -18,7 +18,11 @@
  *     EOF            the core let go (or its process died): as KILL, then exit
  *
  *   supervisor -> core (struct bp_sup_msg)
- *     BP_MSG_HELLO        at start: err 0, or the stage/errno that refused it
+ *     BP_MSG_HELLO        at start: err 0, or the stage/errno that refused it;
+ *                         status: BP_SUP_PROTOCOL, which the core checks, so that
+ *                         a core and a supervisor program of different builds
+ *                         (a package upgraded under a running process, a stale
+ *                         build beside a fresh one) never serve a run together
  *     BP_MSG_LEADER       sent by the leader itself just before its exec: pid
  *                         (only when the supervisor has no shared page, below)
  *     BP_MSG_SPAWNED      the leader exec'd: pid (only without a shared page:
@@ -59,6 +63,9 @@
 #define BP_CMD_RUN 1
 #define BP_CMD_SIGNAL 2
 #define BP_CMD_KILL 3
+
+/* This protocol's version, in HELLO's status (0 in every build before it was sent). */
+#define BP_SUP_PROTOCOL 0x62700002
 
 #define BP_MSG_HELLO 1
 #define BP_MSG_LEADER 2

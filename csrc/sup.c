@@ -159,7 +159,9 @@ static void unmap_page(struct bp_sup *sup)
  * Returns 0 with *out set; or -1 with errno set, *out NULL and *stage the
  * BP_STAGE_* that failed: BP_STAGE_PIPE/FORK (resources: EMFILE, EAGAIN,
  * ENOMEM), BP_STAGE_EXEC (the program is missing or cannot run),
- * BP_STAGE_SUPERVISOR/PRCTL (the system refused it: signalfd, subreaper).
+ * BP_STAGE_SUPERVISOR/PRCTL (the system refused it: signalfd, subreaper), or
+ * BP_STAGE_SUPERVISOR with EPROTO (a program of another build: its HELLO does
+ * not carry BP_SUP_PROTOCOL).
  */
 int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *stage)
 {
@@ -276,6 +278,10 @@ child_fail: {
     } else if (m.stage != 0) {
         fail_stage = m.stage;
         fail_err = m.err;
+    } else if (m.status != BP_SUP_PROTOCOL) {
+        /* A supervisor program of another build: its messages may mean other things. */
+        fail_stage = BP_STAGE_SUPERVISOR;
+        fail_err = EPROTO;
     }
     if (fail_stage != 0) {
         bp__close_fd(&sup->sock);

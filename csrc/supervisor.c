@@ -692,7 +692,14 @@ int main(int argc, char **argv)
 #endif
     s.proc_ok = proc_is_ours(s.self);
     s.kids_fd = -1;  /* opened at the first need (list_children) */
-    send_simple(&s, BP_MSG_HELLO, (int)s.self, stage, err);
+    struct bp_sup_msg hello;
+    memset(&hello, 0, sizeof hello);
+    hello.type = BP_MSG_HELLO;
+    hello.pid = (int32_t)s.self;
+    hello.stage = stage;
+    hello.err = err;
+    hello.status = BP_SUP_PROTOCOL;
+    send_msg(&s, &hello);
     if (stage != 0)
         return 1;
 

@@ -779,6 +779,49 @@ def test_unkillable_escapee_as_non_root(tmp_path_factory: pytest.TempPathFactory
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_supervisor_program_of_another_build(tmp_path: Path) -> None:
+    """A supervisor program from another build (a package upgraded under a running process, a
+    stale build beside a fresh core): it starts and says hello, but not with this core's
+    protocol version, so no run is served by it.  Each run is a spawn failure at once that
+    says so, with or without contain=True, in run() and run_many; without the check the run
+    was handed to a program that never answers and failed only at its deadline, as
+    "runner failed"."""
+    fake = tmp_path / "_bp_supervisor"
+    fake.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import os, socket, struct
+        sock = socket.socket(fileno=3)
+        # HELLO as every build before the version was sent: status 0
+        sock.send(struct.pack("8i3q", 1, os.getpid(), 0, 0, 0, 0, 0, 0, 0, 0, 0))
+        while sock.recv(65536):
+            pass
+    """))
+    fake.chmod(0o755)
+    out = child_python(f"""
+        import json, time, warnings
+        from boundedproc import _native, run, run_many
+        _native.SUPERVISOR_PATH = {str(fake)!r}
+        got = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for contain in (True, None):
+                t = time.monotonic()
+                r = run(["echo", "hi"], contain=contain, timeout=5)
+                got.append([r.spawned, r.exit_code, r.runner_error, time.monotonic() - t])
+            for r in run_many([["echo", "hi"]] * 3, jobs=2, timeout=5):
+                got.append([r.spawned, r.exit_code, r.runner_error, 0.0])
+        print(json.dumps({{"got": got, "warned": len(caught)}}))
+    """)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["warned"] == 0  # not taken for a system that refuses containment
+    for spawned, code, error, took in data["got"]:
+        assert (spawned, code) == (False, 127), data
+        assert error.startswith("spawn failed: EPROTO") and "another build" in error, error
+        assert str(fake) in error
+        assert took < 3, took
+
+
 def test_supervisor_program_that_cannot_be_executed(tmp_path: Path) -> None:
     """The supervisor program cannot be executed (EACCES): contain=True is a spawn failure that
     names the supervisor, never the command; contain=None warns once and runs uncontained."""
