@@ -556,23 +556,30 @@ static int64_t kill_budget(const struct bp_run *run)
     return left < floor_ns ? floor_ns : left > ceil_ns ? ceil_ns : left;
 }
 
-/* The leader's pid, once known: from LEADER/SPAWNED, or from the shared page,
- * where it writes its pid just before its exec; 0 while unknown. */
-static pid_t leader_pid(struct bp_run *run)
-{
-    if (run->pid <= 0 && run->res->spawned && run->sup->page != NULL && run->sup->page[0] > 0) {
-        run->pid = run->sup->page[0];
-        run->res->pid = (int)run->pid;
-    }
-    return run->pid;
-}
-
 static void set_leader(struct bp_run *run, pid_t pid)
 {
     if (pid > 0) {
         run->pid = pid;
         run->res->pid = (int)pid;
     }
+}
+
+/* The leader's pid, once known: from LEADER/SPAWNED, or from the shared page,
+ * where it writes its pid just before its exec; 0 while unknown. */
+static pid_t leader_pid(struct bp_run *run)
+{
+    if (run->pid <= 0 && run->res->spawned && run->sup->page != NULL)
+        set_leader(run, run->sup->page[0]);
+    return run->pid;
+}
+
+/* The leader exec'd (SPAWNED, or EXITED/FINAL, which come only after an exec):
+ * the start is no longer pending.  pid: the message's, or 0 (then the page's). */
+static void exec_confirmed(struct bp_run *run, pid_t pid)
+{
+    set_leader(run, pid);
+    (void)leader_pid(run);
+    run->sup_pending = 0;
 }
 
 /* Kill the leader's group ourselves: nobody holds the leader unreaped any
@@ -597,7 +604,6 @@ static void start_failed(struct bp_run *run, int stage, int err)
     run->res->pid = 0;
     run->leader_exited = 1;
     run->reaped = 1;
-    run->sup_final = 1;
     run->res->stdin_written = 0;
     run->res->stdin_delivered = run->spec->stdin_len == 0;
     bp__spawn_failed(run, stage, err);
@@ -622,8 +628,7 @@ static int take_start_report(struct bp_run *run, const struct bp_sup_msg *m)
     if (m->type == BP_MSG_LEADER) {
         set_leader(run, m->pid);
     } else if (m->type == BP_MSG_SPAWNED) {
-        set_leader(run, m->pid);
-        run->sup_pending = 0;
+        exec_confirmed(run, m->pid);
     } else if (m->type == BP_MSG_SPAWN_FAILED) {
         start_failed(run, m->stage, m->err);
     } else {
@@ -659,8 +664,7 @@ void bp__sup_signal(struct bp_run *run, int sig)
 static void take_final(struct bp_run *run, const struct bp_sup_msg *m)
 {
     struct bp_result *res = run->res;
-    (void)leader_pid(run);
-    run->sup_pending = 0;
+    exec_confirmed(run, 0);
     bp__record_status(res, m->status);
     res->user_time = (double)m->utime_us / 1e6;
     res->system_time = (double)m->stime_us / 1e6;
@@ -680,8 +684,7 @@ void bp__sup_event(struct bp_run *run)
     if (got == 1 && take_start_report(run, &m))
         return;
     if (got == 1 && m.type == BP_MSG_EXITED) {
-        (void)leader_pid(run);
-        run->sup_pending = 0;
+        exec_confirmed(run, 0);
         run->leader_exited = 1;
         return;
     }
@@ -748,7 +751,7 @@ int bp__sup_reap(struct bp_run *run)
             sup_lost(run, BP_RUNNER_DIED);
             break;
         }
-        if (take_start_report(run, &m) && run->sup_final)
+        if (take_start_report(run, &m) && !run->res->spawned)
             return 0;  /* SPAWN_FAILED: nothing ran, and the supervisor is fine */
         final = m.type == BP_MSG_FINAL;
     }

@@ -101,6 +101,8 @@ static void send_simple(const struct sup *s, int type, int pid, int stage, int e
     m.pid = pid;
     m.stage = stage;
     m.err = err;
+    if (type == BP_MSG_HELLO)
+        m.status = BP_SUP_PROTOCOL;  /* checked by the core (bp_supervisor.h) */
     send_msg(s, &m);
 }
 
@@ -692,14 +694,7 @@ int main(int argc, char **argv)
 #endif
     s.proc_ok = proc_is_ours(s.self);
     s.kids_fd = -1;  /* opened at the first need (list_children) */
-    struct bp_sup_msg hello;
-    memset(&hello, 0, sizeof hello);
-    hello.type = BP_MSG_HELLO;
-    hello.pid = (int32_t)s.self;
-    hello.stage = stage;
-    hello.err = err;
-    hello.status = BP_SUP_PROTOCOL;
-    send_msg(&s, &hello);
+    send_simple(&s, BP_MSG_HELLO, (int)s.self, stage, err);
     if (stage != 0)
         return 1;
 
