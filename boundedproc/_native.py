@@ -780,8 +780,11 @@ class Batch:
 
     __slots__ = ("__weakref__", "_done", "_env", "_forked", "_inflight", "_ptr")
 
-    def __init__(self, jobs: int) -> None:
-        """Raises OSError or MemoryError (out of fds or memory): nothing was started."""
+    def __init__(self, jobs: int, window: int) -> None:
+        """``window``: the most runs submitted and not yet taken back (run_many's).
+
+        Raises OSError or MemoryError (out of fds or memory): nothing was started.
+        """
         out = ffi.new("struct bp_batch **")
         self._env = _supervisor_environment()
         if lib.bp_batch_new(jobs, SUPERVISOR_PATH.encode(), self._env[0], out) < 0:
@@ -790,7 +793,7 @@ class Batch:
                 raise MemoryError("boundedproc: cannot allocate a batch")
             raise OSError(err, f"boundedproc: cannot make a batch: {os.strerror(err)}")
         self._ptr: Any = out[0]
-        self._done = ffi.new("struct bp_batch_done[]", 2 * jobs)  # run_many's window
+        self._done = ffi.new("struct bp_batch_done[]", window)  # all of them in one call
         self._inflight: dict[int, tuple[NativeSpec, Any, list[object], Any]] = {}
         self._forked = False  # set in a forked child, where it is unusable
         _batches.add(self)
@@ -851,6 +854,10 @@ class Batch:
             return BatchDone(tag, _spawn_failure(failure), None, duration)
         assert_never_state(kind == lib.BP_BATCH_CANCELLED, f"batch run ended with {kind}")
         return BatchDone(tag, None, None, duration)
+
+    def usable(self) -> None:
+        """Raises RuntimeError in a forked child: its runs and threads are the parent's."""
+        self._live()
 
     def _live(self) -> Any:
         if self._forked:

@@ -520,10 +520,10 @@ def run_many(
 ) -> Generator[Result[bytes], None, None] | Generator[Result[str], None, None]:
     """Run many commands, at most ``jobs`` at once, yielding results in input order.
 
-    ``cmds`` is read lazily: at most ``2 * jobs`` commands are taken from it
-    ahead of the consumer (running, or finished and waiting their turn), so a
-    generator of a million commands is never materialised and memory stays
-    bounded by ``2 * jobs`` results.  What a command does (fails, hangs to its
+    ``cmds`` is read lazily: at most ``4 * jobs`` commands are taken from it
+    ahead of the consumer (running, queued, or finished and waiting their
+    turn), so a generator of a million commands is never materialised and
+    memory stays bounded by ``4 * jobs`` results.  What a command does (fails, hangs to its
     deadline, is missing, floods its output) is only its ``Result``: it never
     stops the others.
 
@@ -685,7 +685,7 @@ def _many(source: Iterator[Command | Job], jobs: int, progress: bool, total: int
     # Runs at the first next(): an iterator never started spawns, draws, holds nothing.
     bar = _progress_bar(total) if progress else None
     try:
-        batch = _new_batch(jobs) if _batchable(options) else None
+        batch = _new_batch(jobs, WINDOW_PER_JOB * jobs) if _batchable(options) else None
         if batch is not None:
             rest = yield from _many_batch(batch, source, jobs, bar, options)
             if rest is _NO_REST:
@@ -704,16 +704,23 @@ def _batchable(options: Mapping[str, Any]) -> bool:
     return options.get("on_output") is None and not options.get("tmpdir")
 
 
-def _new_batch(jobs: int) -> _native.Batch | None:
-    """A batch of ``jobs`` core threads, or None (out of fds or memory: the Python
+def _new_batch(jobs: int, window: int) -> _native.Batch | None:
+    """A batch of ``jobs`` core threads (``window``: most runs it holds), or None (out of fds or memory: the Python
     workers then run everything, and report such a shortage run by run)."""
     try:
         if threading.current_thread() is threading.main_thread():
             _native._get_wake_pipe()  # made once: the consumer's wait wakes on Ctrl-C
-        return _native.Batch(jobs)
+        return _native.Batch(jobs, window)
     except (OSError, MemoryError):
         return None
 
+
+# Commands taken from the input ahead of the consumer, per job: running, queued, or
+# finished and waiting their turn.  Results are yielded in input order, so one slow
+# command holds the finished ones behind it in the window; with 2 a job, the workers
+# often idled behind such a head at scale (benchmarks/README.md, B9), with 4 they
+# rarely do.  It is also the bound on the results held in memory.
+WINDOW_PER_JOB = 4
 
 _NO_REST = object()
 _STOP = object()
@@ -770,7 +777,11 @@ class _BatchSlot:
                                       duration=done.duration))
 
     def take(self, batch: _native.Batch, running: dict[int, _BatchSlot]) -> AnyResult:
-        """Its result, waiting for runs to end (any order) until its own has."""
+        """Its result, waiting for runs to end (any order) until its own has.
+
+        Raises RuntimeError in a forked child, even for a result that was already in:
+        the iterator is its parent's (``Batch.usable``)."""
+        batch.usable()
         while self.result is None and self.error is None:
             for done in batch.next():
                 running.pop(done.tag).finish(done)
@@ -805,7 +816,7 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], jobs: int, bar: Any
     Returns the first item that needs a Python worker (``_batchable``), after every
     earlier result was yielded, or ``_NO_REST``.
     """
-    window = 2 * jobs
+    window = WINDOW_PER_JOB * jobs
     switch = Cancel()  # one switch for every run of this call: set on early close
     pending: deque[_BatchSlot | _Raise] = deque()
     running: dict[int, _BatchSlot] = {}
@@ -858,7 +869,7 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
     # Its own workers, not a ThreadPoolExecutor: a command costs a queue put and get
     # and a lock, not a Future with its condition variable, and every microsecond of
     # Python here holds the GIL that the other workers' runs need (B9).
-    window = 2 * jobs
+    window = WINDOW_PER_JOB * jobs
     switch = Cancel()  # one switch for every run of this call: set on early close
     tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
     workers: list[threading.Thread] = []

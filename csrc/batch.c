@@ -23,6 +23,16 @@
  * run (BP_BATCH_NO_SUPERVISOR) and nothing is spawned: the caller decides
  * between a spawn failure and an uncontained run, as it does for run().
  *
+ * Telling the caller: every wakeup of the caller costs it a trip through the
+ * scheduler and a cache gone cold, which at scale is most of its CPU a run
+ * (benchmarks/README.md, "The Python side of a run").  So a run that ends
+ * while others are still running, and more are queued, does not wake the
+ * caller at once: it is told when `jobs` runs are waiting for it, or by a
+ * timer DEFER_NS after the first of them ended, whichever comes first.  A run
+ * that ends with none other running, or with nothing left queued (a worker
+ * would idle until the caller submits), wakes it at once.  Without a timerfd
+ * every run wakes it.
+ *
  * Signals: the workers block every signal, so Python's handlers run in its
  * own threads and a worker's poll is never interrupted.  Cancel: a spec whose
  * cancel fd is readable when a worker picks it up is not spawned
@@ -37,7 +47,13 @@
 
 #ifdef __linux__
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #endif
+
+#define BP_BATCH_THREAD_NAME "bp-batch"
+
+/* The longest a finished run waits for company before the caller is told. */
+#define DEFER_NS 1000000
 
 struct item {
     struct item *next;
@@ -53,7 +69,11 @@ struct bp_batch {
     struct item *done, *done_last;
     int notify[2];                  /* [0] polled by the caller; [1] written by workers
                                        (one eventfd in both where there is one) */
+    int timer;                      /* timerfd polled by the caller: a deferred telling's
+                                       bound; -1: none (every run is told at once) */
+    int timer_armed;
     int jobs, nthreads, idle, queued, stopping;  /* queued: items in todo */
+    int running, ndone;             /* runs a worker has taken up; runs in done */
     pid_t owner;
     char *sup_path;
     char *const *sup_envp;          /* the caller's, kept alive until bp_batch_free */
@@ -165,12 +185,47 @@ static void notify(struct bp_batch *b)
     /* EAGAIN: a full pipe is already readable, which is all the caller needs */
 }
 
+/* Under the lock, a run just pushed to done: whether to wake the caller now
+ * (see "Telling the caller" above); if not, the timer bounds the wait. */
+static int tell_now(struct bp_batch *b)
+{
+    if (b->ndone >= b->jobs || b->running == 0 || b->todo == NULL || b->timer < 0)
+        return 1;
+#ifdef __linux__
+    if (!b->timer_armed) {
+        struct itimerspec in = {.it_value = {.tv_sec = 0, .tv_nsec = DEFER_NS}};
+        if (timerfd_settime(b->timer, 0, &in, NULL) < 0)
+            return 1;
+        b->timer_armed = 1;
+    }
+#endif
+    return 0;
+}
+
+/* Under the lock, once the caller took every finished run: no timer is due. */
+static void disarm(struct bp_batch *b)
+{
+#ifdef __linux__
+    if (b->timer_armed && b->ndone == 0) {
+        struct itimerspec off;
+        memset(&off, 0, sizeof off);
+        (void)timerfd_settime(b->timer, 0, &off, NULL);  /* also clears one that fired */
+        b->timer_armed = 0;
+    }
+#else
+    (void)b;
+#endif
+}
+
 static void *worker(void *p)
 {
     struct worker_arg arg = *(struct worker_arg *)p;
     free(p);
     struct bp_batch *b = arg.b;
     struct bp_sup *sup = NULL;
+#ifdef __linux__
+    (void)pthread_setname_np(pthread_self(), BP_BATCH_THREAD_NAME);  /* ps -L, gdb, the tests */
+#endif
     pthread_mutex_lock(&b->lock);
     for (;;) {
         struct item *it = pop(&b->todo, &b->todo_last);
@@ -183,12 +238,21 @@ static void *worker(void *p)
             continue;
         }
         b->queued--;
+        b->running++;
         pthread_mutex_unlock(&b->lock);
         run_item(b, arg.index, &sup, it);
         it->done.end_ns = bp__now_ns();
         pthread_mutex_lock(&b->lock);
         push(&b->done, &b->done_last, it);
-        notify(b);
+        b->running--;
+        b->ndone++;
+        if (tell_now(b)) {
+            /* Outside the lock: the caller we wake may run at once, on this CPU,
+             * and would otherwise find the lock held and sleep on it again. */
+            pthread_mutex_unlock(&b->lock);
+            notify(b);
+            pthread_mutex_lock(&b->lock);
+        }
     }
     b->sups[arg.index] = NULL;
     pthread_mutex_unlock(&b->lock);
@@ -211,6 +275,7 @@ int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct b
     b->owner = getpid();
     b->sup_envp = sup_envp;
     b->notify[0] = b->notify[1] = -1;
+    b->timer = -1;
     b->sup_path = sup_path != NULL ? strdup(sup_path) : NULL;
     b->sups = calloc((size_t)jobs, sizeof *b->sups);
     b->threads = calloc((size_t)jobs, sizeof *b->threads);
@@ -220,6 +285,7 @@ int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct b
     b->notify[0] = b->notify[1] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (b->notify[0] < 0)
         goto fail;
+    b->timer = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);  /* -1: tell at once */
 #else
     if (bp__make_pipe(b->notify) < 0 || bp__set_nonblock(b->notify[0]) < 0
         || bp__set_nonblock(b->notify[1]) < 0)
@@ -231,6 +297,8 @@ int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct b
     return 0;
 fail:;
     int saved = errno;
+    if (b->timer >= 0)
+        close(b->timer);
     if (b->notify[1] >= 0 && b->notify[1] != b->notify[0])
         close(b->notify[1]);
     if (b->notify[0] >= 0)
@@ -305,25 +373,29 @@ int bp_batch_next(struct bp_batch *b, int wake_fd, int wait, struct bp_batch_don
         struct item *it;
         while (got < n && (it = pop(&b->done, &b->done_last)) != NULL) {
             out[got++] = it->done;
+            b->ndone--;
             free(it);
         }
+        disarm(b);
         pthread_mutex_unlock(&b->lock);
         if (got > 0 || !wait)
             return got;
-        struct pollfd p[2] = {{.fd = b->notify[0], .events = POLLIN},
+        struct pollfd p[3] = {{.fd = b->notify[0], .events = POLLIN},
+                              {.fd = b->timer, .events = POLLIN},
                               {.fd = wake_fd, .events = POLLIN}};
-        int rc = poll(p, wake_fd >= 0 ? 2 : 1, -1);
+        int rc = poll(p, 3, -1);  /* a negative fd is left out */
         if (rc < 0) {
             if (errno == EINTR)
                 return 0;  /* a signal: its handler may want to run */
             return -1;
         }
-        if (p[0].revents != 0) {
-            uint64_t drained;
+        uint64_t drained;
+        if (p[0].revents != 0)
             while (read(b->notify[0], &drained, sizeof drained) > 0)
                 ;
-        }
-        if (wake_fd >= 0 && p[1].revents != 0)
+        if (p[1].revents != 0)
+            (void)read(b->timer, &drained, sizeof drained);
+        if (wake_fd >= 0 && p[2].revents != 0)
             return 0;
     }
 }
@@ -346,6 +418,8 @@ void bp_batch_free(struct bp_batch *b)
     if (b->notify[1] != b->notify[0])
         close(b->notify[1]);
     close(b->notify[0]);
+    if (b->timer >= 0)
+        close(b->timer);
     pthread_cond_destroy(&b->todo_cv);
     pthread_mutex_destroy(&b->lock);
     free(b->sup_path);
@@ -370,5 +444,7 @@ void bp_batch_forget(struct bp_batch *b)
     if (b->notify[1] != b->notify[0])
         close(b->notify[1]);
     close(b->notify[0]);
-    b->notify[0] = b->notify[1] = -1;
+    if (b->timer >= 0)
+        close(b->timer);
+    b->notify[0] = b->notify[1] = b->timer = -1;
 }
