@@ -523,9 +523,10 @@ def run_many(
     ``cmds`` is read lazily: at most ``4 * jobs`` commands are taken from it
     ahead of the consumer (running, queued, or finished and waiting their
     turn), so a generator of a million commands is never materialised and
-    memory stays bounded by ``4 * jobs`` results.  What a command does (fails, hangs to its
-    deadline, is missing, floods its output) is only its ``Result``: it never
-    stops the others.
+    memory stays bounded by ``4 * jobs`` results.  What a command does (fails,
+    hangs to its deadline, is missing, floods its output) is only its
+    ``Result``: it never stops the others.  A finished run may wait up to 1 ms
+    for others to end before the iterator hears of it (fewer wakeups at scale).
 
     Closing the iterator early (``break`` out of a ``for`` over it, ``close()``,
     or its garbage collection) cancels the runs in flight, waits until their
@@ -705,8 +706,9 @@ def _batchable(options: Mapping[str, Any]) -> bool:
 
 
 def _new_batch(jobs: int, window: int) -> _native.Batch | None:
-    """A batch of ``jobs`` core threads (``window``: most runs it holds), or None (out of fds or memory: the Python
-    workers then run everything, and report such a shortage run by run)."""
+    """A batch of ``jobs`` core threads holding at most ``window`` runs, or None (out of
+    fds or memory: the Python workers then run everything, and report such a shortage
+    run by run)."""
     try:
         if threading.current_thread() is threading.main_thread():
             _native._get_wake_pipe()  # made once: the consumer's wait wakes on Ctrl-C
