@@ -525,7 +525,7 @@ def run_many(
     turn), so a generator of a million commands is never materialised and
     memory stays bounded by ``4 * jobs`` results.  What a command does (fails,
     hangs to its deadline, is missing, floods its output) is only its
-    ``Result``: it never stops the others.  A finished run may wait up to 1 ms
+    ``Result``: it never stops the others.  A finished run may wait up to 2 ms
     for others to end before the iterator hears of it (fewer wakeups at scale).
 
     Closing the iterator early (``break`` out of a ``for`` over it, ``close()``,

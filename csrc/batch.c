@@ -27,7 +27,7 @@
  * scheduler and a cache gone cold, which at scale is most of its CPU a run
  * (benchmarks/README.md, "The Python side of a run").  So a run that ends
  * while others are still running, and more are queued, does not wake the
- * caller at once: it is told when `jobs` runs are waiting for it, or by a
+ * caller at once: it is told when `2 * jobs` runs are waiting for it, or by a
  * timer DEFER_NS after the first of them ended, whichever comes first.  A run
  * that ends with none other running, or with nothing left queued (a worker
  * would idle until the caller submits), wakes it at once.  Without a timerfd
@@ -53,7 +53,7 @@
 #define BP_BATCH_THREAD_NAME "bp-batch"
 
 /* The longest a finished run waits for company before the caller is told. */
-#define DEFER_NS 1000000
+#define DEFER_NS 2000000
 
 struct item {
     struct item *next;
@@ -189,7 +189,7 @@ static void notify(struct bp_batch *b)
  * (see "Telling the caller" above); if not, the timer bounds the wait. */
 static int tell_now(struct bp_batch *b)
 {
-    if (b->ndone >= b->jobs || b->running == 0 || b->todo == NULL || b->timer < 0)
+    if (b->ndone >= 2 * b->jobs || b->running == 0 || b->todo == NULL || b->timer < 0)
         return 1;
 #ifdef __linux__
     if (!b->timer_armed) {
