@@ -33,8 +33,14 @@
  * would idle until the caller submits), wakes it at once.  Without a timerfd
  * every run wakes it.
  *
- * Signals: the workers block every signal, so Python's handlers run in its
- * own threads and a worker's poll is never interrupted.  Cancel: a spec whose
+ * Signals: the workers block every signal but SIGCHLD, so Python's handlers
+ * run in its own threads.  SIGCHLD is the exception: the kernel sends it to
+ * the thread that started the child, and drops it there only when that
+ * thread does not block it and nobody handles it; blocked in every worker, it
+ * was queued for the process and woke the caller's thread (the only one
+ * taking signals) at every uncontained run's end.  Unblocked, it is dropped,
+ * or, with a handler of the caller's, it may interrupt a worker's poll (the
+ * loop then polls again).  Cancel: a spec whose
  * cancel fd is readable when a worker picks it up is not spawned
  * (BP_BATCH_CANCELLED); one in flight ends through the core's own loop.
  */
@@ -226,6 +232,10 @@ static void *worker(void *p)
 #ifdef __linux__
     (void)pthread_setname_np(pthread_self(), BP_BATCH_THREAD_NAME);  /* ps -L, gdb, the tests */
 #endif
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    pthread_sigmask(SIG_UNBLOCK, &chld, NULL);  /* see "Signals" above */
     pthread_mutex_lock(&b->lock);
     for (;;) {
         struct item *it = pop(&b->todo, &b->todo_last);
@@ -311,7 +321,8 @@ fail:;
     return -1;
 }
 
-/* A worker, started with every signal blocked (the mask is inherited). */
+/* A worker, started with every signal blocked (the mask is inherited; it unblocks
+ * SIGCHLD itself). */
 static int start_worker(struct bp_batch *b)
 {
     struct worker_arg *arg = malloc(sizeof *arg);
