@@ -778,7 +778,7 @@ class Batch:
     killed, once its cancel switch is set) before it returns.
     """
 
-    __slots__ = ("__weakref__", "_done", "_env", "_forked", "_inflight", "_ptr")
+    __slots__ = ("__weakref__", "_done", "_env", "_forked", "_inflight", "_ptr", "window")
 
     def __init__(self, jobs: int, window: int) -> None:
         """``window``: the most runs submitted and not yet taken back (run_many's).
@@ -793,6 +793,7 @@ class Batch:
                 raise MemoryError("boundedproc: cannot allocate a batch")
             raise OSError(err, f"boundedproc: cannot make a batch: {os.strerror(err)}")
         self._ptr: Any = out[0]
+        self.window = window
         self._done = ffi.new("struct bp_batch_done[]", window)  # all of them in one call
         self._inflight: dict[int, tuple[NativeSpec, Any, list[object], Any]] = {}
         self._forked = False  # set in a forked child, where it is unusable

@@ -688,7 +688,7 @@ def _many(source: Iterator[Command | Job], jobs: int, progress: bool, total: int
     try:
         batch = _new_batch(jobs, WINDOW_PER_JOB * jobs) if _batchable(options) else None
         if batch is not None:
-            rest = yield from _many_batch(batch, source, jobs, bar, options)
+            rest = yield from _many_batch(batch, source, bar, options)
             if rest is _NO_REST:
                 return
             source = itertools.chain([rest], source)
@@ -810,7 +810,7 @@ def _in_order(pending: deque[Any], fill: Callable[[], None], take: Callable[[Any
         yield result
 
 
-def _many_batch(batch: _native.Batch, source: Iterator[Any], jobs: int, bar: Any,
+def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
                 options: dict[str, Any]) -> Generator[Any, None, Any]:
     """``run_many`` on the core's threads (csrc/batch.c): Python prepares each command
     and builds its result in the consumer; nothing runs in Python between its runs.
@@ -818,7 +818,7 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], jobs: int, bar: Any
     Returns the first item that needs a Python worker (``_batchable``), after every
     earlier result was yielded, or ``_NO_REST``.
     """
-    window = WINDOW_PER_JOB * jobs
+    window = batch.window  # the batch is sized for it
     switch = Cancel()  # one switch for every run of this call: set on early close
     pending: deque[_BatchSlot | _Raise] = deque()
     running: dict[int, _BatchSlot] = {}
