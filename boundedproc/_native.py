@@ -184,7 +184,12 @@ class _Supervisor:
 # never waits for a supervisor and an orphan is never attributed to another
 # thread's run.  A thread's pool goes with the thread (threading.local), and
 # its supervisors are freed (socket closed, reaped); a supervisor whose thread
-# ends without that also exits on its parent-death signal.
+# ends without that also exits on its parent-death signal.  A leader gets what a
+# child of the calling thread would inherit now: the cwd, root and umask are
+# shared with the supervisor (CLONE_FS), and an idle supervisor is usable only
+# while this thread's ids, limits, affinity, scheduling and the rest of what a
+# child inherits are what they were at its start (sup.c, struct bp_origin); after
+# a change, the next run starts a new one.
 _pool = threading.local()
 _every: weakref.WeakSet[_Supervisor] = weakref.WeakSet()
 _MAX_IDLE = 2

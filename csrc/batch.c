@@ -16,8 +16,13 @@
  * Supervisors: each worker starts its own (on its first contained run) and
  * reuses it run after run, as a Python thread does with its pool: one run at a
  * time per supervisor, so an orphan is never attributed to another run.  It
- * is looked at before each run (bp_sup_usable) and replaced when a run left
- * it unusable.  Its parent-death signal is tied to the worker thread, which
+ * is looked at before each run (bp__sup_usable) and replaced when a run left
+ * it unusable, or when the worker's ids, capabilities, no_new_privs or seccomp
+ * mode changed (a caller that drops root while it iterates: glibc changes
+ * every thread's ids).  The rest of what a child inherits is compared only by a
+ * thread's own pool (run()): a batch lives for one run_many call, and its
+ * commands start with the caller's limits, affinity and scheduling as of that
+ * call.  Its parent-death signal is tied to the worker thread, which
  * frees it (socket closed, reaped) before it ends; if the whole process dies,
  * it dies with it.  A supervisor that cannot be started is reported with the
  * run (BP_BATCH_NO_SUPERVISOR) and nothing is spawned: the caller decides
@@ -142,7 +147,7 @@ static void run_item(struct bp_batch *b, int index, struct bp_sup **sup, struct 
     }
     struct bp_sup *use = NULL;
     if (it->spec->contain) {
-        if (*sup != NULL && !bp_sup_usable(*sup)) {
+        if (*sup != NULL && !bp__sup_usable(*sup, BP_ORIGIN_WHO)) {
             bp_sup_free(*sup);
             *sup = b->sups[index] = NULL;
         }

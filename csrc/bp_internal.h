@@ -22,6 +22,20 @@
 #define MSG_NOSIGNAL 0  /* only contained runs (Linux) send on a socket */
 #endif
 
+/* Built with AddressSanitizer: a vfork-style child leaves its redzones poisoned on the
+ * stack it ran on (it never returns), and the starter unpoisons them. */
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BP_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define BP_ASAN 1
+#endif
+#ifdef BP_ASAN
+void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
+#endif
+
 #ifndef BP_VERSION
 #define BP_VERSION "unknown"
 #endif
@@ -123,9 +137,18 @@ int bp__lift_pair(int p[2]);
 int bp__make_pipe(int p[2]);
 int bp__set_nonblock(int fd);
 void bp__spawn_failed(struct bp_run *run, int stage, int err);
+#ifdef __linux__
+/* The calling thread's stack for a vfork-style child (bp_child_start, the supervisor's
+ * start), or NULL with errno; *kept 0: unmap it after the start. */
+#define BP_CHILD_STACK_SIZE (64 * 1024)
+void *bp__child_stack(int *kept);
+#endif
 
 /* sup.c */
 int bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err);
+#define BP_ORIGIN_ALL 0  /* bp__sup_usable: compare all a child inherits */
+#define BP_ORIGIN_WHO 1  /* only the ids, capabilities, no_new_privs, seccomp */
+int bp__sup_usable(const struct bp_sup *sup, int what);
 /* How often every wait on a supervisor looks whether the command stopped it. */
 #define BP_SUP_CHECK_NS 50000000LL
 void bp__sup_revive(struct bp_sup *sup);

@@ -82,14 +82,12 @@ int bp__set_nonblock(int fd)
     return fcntl(fd, F_SETFL, O_NONBLOCK);
 }
 
-/* The child's stack (Linux: it runs on a stack of its own, see bp_child_start). */
-#define CHILD_STACK_SIZE (64 * 1024)
-
 #ifdef __linux__
 /*
- * One child stack per calling thread, mapped at its first uncontained start
- * and unmapped when the thread exits (a thread starts one child at a time:
- * the start is one call, with every signal blocked around the clone).  A
+ * One child stack per calling thread, mapped at its first start of a child (an
+ * uncontained leader, or a supervisor: sup.c) and unmapped when the thread
+ * exits (a thread starts one child at a time: the start is one call, with
+ * every signal blocked around the clone).  A
  * mapping made and unmapped at every start costs two system calls, page
  * faults on the fresh pages, and an unmap while the child may still be
  * switching off this address space on another CPU (a TLB shootdown there).
@@ -103,7 +101,7 @@ static __thread void *thread_stack;
 
 static void stack_release(void *stack)
 {
-    (void)munmap(stack, CHILD_STACK_SIZE);
+    (void)munmap(stack, BP_CHILD_STACK_SIZE);
 }
 
 static void stack_key_init(void)
@@ -113,12 +111,12 @@ static void stack_key_init(void)
 
 /* This thread's child stack, or NULL with errno when none can be mapped. *kept is 0
  * when the caller must unmap it after the start (no key to release it at thread exit). */
-static void *child_stack(int *kept)
+void *bp__child_stack(int *kept)
 {
     *kept = 1;
     if (thread_stack != NULL)
         return thread_stack;
-    void *stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE,
+    void *stack = mmap(NULL, BP_CHILD_STACK_SIZE, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
     if (stack == MAP_FAILED)
         return NULL;
@@ -223,7 +221,7 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
     void *stack = NULL;
 #ifdef __linux__
     int kept;
-    stack = child_stack(&kept);
+    stack = bp__child_stack(&kept);
     if (stack == NULL) {
         *stage = BP_STAGE_FORK;
         *err = errno;
@@ -231,10 +229,10 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
     }
 #endif
     int pidfd = -1;
-    pid_t pid = bp_child_start(&a, stack, CHILD_STACK_SIZE, &pidfd, stage, err);
+    pid_t pid = bp_child_start(&a, stack, BP_CHILD_STACK_SIZE, &pidfd, stage, err);
 #ifdef __linux__
     if (!kept)
-        (void)munmap(stack, CHILD_STACK_SIZE);
+        (void)munmap(stack, BP_CHILD_STACK_SIZE);
 #endif
     if (pid > 0)
         run->spawn_pidfd = pidfd;

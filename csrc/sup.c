@@ -5,7 +5,8 @@
  * caller keeps one per thread and never shares one between two runs at once.
  * Its lifecycle, as the core sees it:
  *
- *   start    vfork+exec of the supervisor program with its socket as fd 3
+ *   start    vfork-style clone (sharing our cwd, root and umask: CLONE_FS)
+ *            and exec of the supervisor program with its socket as fd 3
  *            and the shared page as fd 4 (bp_supervisor.h); it answers HELLO
  *            (or the stage and errno that refused it, which the caller may
  *            take as "containment unavailable here").
@@ -34,6 +35,7 @@
 #include "bp_supervisor.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -44,12 +46,44 @@
 #include <unistd.h>
 
 #ifdef __linux__
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/personality.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #endif
 
 #define HELLO_WAIT_MS 5000
+
+/*
+ * What a child of the calling thread inherits from it, that a supervisor took
+ * once, at its start, and would hand every leader after.  Before each run the
+ * core compares the calling thread's with these, and replaces a supervisor
+ * whose differ (bp__sup_usable).  The cwd, root and umask need no look: the
+ * supervisor shares them (CLONE_FS, bp_sup_start).  Not followed: cgroup,
+ * namespaces, oom_score_adj, ambient capabilities and the timer slack (each
+ * needs /proc or many calls to read).
+ */
+#ifdef __linux__
+struct bp_origin {
+    /* Who: looked at before every run (BP_ORIGIN_WHO).  A root caller that
+     * dropped its ids would otherwise run its commands as root. */
+    uid_t uid[3];
+    gid_t gid[3];
+    int ngroups;
+    uint64_t groups_hash;
+    uint32_t caps[6];       /* capget, version 3: effective, permitted, inheritable x 2 */
+    int no_new_privs, seccomp, securebits;
+    /* The rest (BP_ORIGIN_ALL): the thread's own pool, which lives as long as
+     * the thread; run_many's workers start theirs for one call. */
+    int personality, ioprio;
+    struct rlimit limits[RLIM_NLIMITS];
+    unsigned char affinity[128];  /* the CPU mask, up to 1,024 CPUs */
+    uint32_t sched[14];     /* struct sched_attr (56 bytes): policy, flags, nice, priority */
+};
+#define ORIGIN_WHO_SIZE offsetof(struct bp_origin, personality)
+#endif
 
 struct bp_sup {
     pid_t pid;
@@ -57,6 +91,9 @@ struct bp_sup {
     volatile int32_t *page; /* shared with it (bp_supervisor.h); NULL: none */
     int broken;             /* dead, unresponsive or tainted: never reuse */
     pid_t owner;            /* the process that started it */
+#ifdef __linux__
+    struct bp_origin origin;  /* the starting thread's, when it started */
+#endif
 };
 
 #if defined(__linux__) && defined(SOCK_SEQPACKET) && defined(SYS_memfd_create)
@@ -152,6 +189,94 @@ static void unmap_page(struct bp_sup *sup)
     sup->page = NULL;
 }
 
+/* What the supervisor's start hands its vfork-style child. */
+struct sup_exec {
+    const char *path;
+    char *const *argv;
+    char *const *envp;
+    int sock;     /* becomes its fd 3 */
+    int page_fd;  /* becomes its fd 4; -1: no page */
+    int errw;     /* a failed exec's stage and errno go here */
+};
+
+/* The supervisor-to-be, on the caller's memory until its exec: its socket as
+ * fd 3 (dup2 clears close-on-exec), the page as fd 4, nothing else of ours:
+ * every other fd is marked close-on-exec. */
+static int sup_exec_child(void *arg)
+{
+    const struct sup_exec *x = arg;
+    int kept = x->sock == BP_SUP_FD
+                   ? fcntl(x->sock, F_SETFD, 0)  /* dup2 onto itself keeps CLOEXEC */
+                   : dup2(x->sock, BP_SUP_FD);
+    if (kept < 0)
+        goto fail;
+    int first_closed = BP_SUP_FD + 1;
+    if (x->page_fd >= 0) {
+        /* Above 4 already (lifted), so fd 4 holds nothing the socket needs. */
+        if (dup2(x->page_fd, BP_SUP_PAGE_FD) < 0)
+            goto fail;
+        first_closed = BP_SUP_PAGE_FD + 1;
+    }
+    if (syscall(SYS_close_range, first_closed, ~0U, 4U) != 0) { /* CLOSE_RANGE_CLOEXEC */
+        for (int fd = first_closed; fd < 65536; fd++)
+            (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+    (void)fcntl(x->errw, F_SETFD, FD_CLOEXEC);
+    execve(x->path, x->argv, x->envp);
+fail: {
+        int e[2] = {BP_STAGE_EXEC, errno};
+        (void)!write(x->errw, e, sizeof e);
+        _exit(127);
+    }
+}
+
+/* Read the calling thread's side of what a child inherits (struct bp_origin):
+ * all of it, or only who it is (BP_ORIGIN_WHO). */
+static void origin_read(struct bp_origin *o, int what)
+{
+    memset(o, 0, sizeof *o);
+    (void)getresuid(&o->uid[0], &o->uid[1], &o->uid[2]);
+    (void)getresgid(&o->gid[0], &o->gid[1], &o->gid[2]);
+    gid_t small[64], *groups = small;
+    int n = getgroups(64, small);
+    if (n < 0 && errno == EINVAL) {  /* more than 64 */
+        n = getgroups(0, NULL);
+        if (n > 0 && (groups = malloc((size_t)n * sizeof *groups)) != NULL)
+            n = getgroups(n, groups);
+        else
+            n = -1;
+    }
+    o->ngroups = n;  /* -1 (unread) is told apart from any list read */
+    uint64_t h = 14695981039346656037ULL;  /* FNV-1a over the list */
+    for (int i = 0; i < n; i++)
+        h = (h ^ (uint64_t)groups[i]) * 1099511628211ULL;
+    o->groups_hash = h;
+    if (groups != small)
+        free(groups);
+    struct {
+        uint32_t version;
+        int pid;
+    } hdr = {0x20080522 /* _LINUX_CAPABILITY_VERSION_3 */, 0};
+    (void)syscall(SYS_capget, &hdr, o->caps);
+    o->no_new_privs = prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0);
+    o->seccomp = prctl(PR_GET_SECCOMP, 0, 0, 0, 0);
+    o->securebits = prctl(PR_GET_SECUREBITS, 0, 0, 0, 0);
+    if (what == BP_ORIGIN_WHO)
+        return;
+    o->personality = personality(0xffffffff);
+    o->ioprio = (int)syscall(SYS_ioprio_get, 1 /* IOPRIO_WHO_PROCESS */, 0);
+    for (int r = 0; r < RLIM_NLIMITS; r++) {
+#if defined(SYS_getrlimit) && ULONG_MAX == UINT64_MAX
+        /* The old call: less than half prlimit64's cost here (no pid lookup). */
+        (void)syscall(SYS_getrlimit, r, &o->limits[r]);
+#else
+        (void)getrlimit(r, &o->limits[r]);
+#endif
+    }
+    (void)syscall(SYS_sched_getaffinity, 0, sizeof o->affinity, o->affinity);
+    (void)syscall(SYS_sched_getattr, 0, o->sched, sizeof o->sched, 0);
+}
+
 /*
  * bp_sup_start: start a supervisor from the program at path, with envp as
  * its environment (a snapshot of the caller's: the live environ may be
@@ -209,39 +334,31 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
     int child_sock = sv[1];
     int errw = ep[1];
 
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid_t pid = vfork();
-    if (pid == 0) {
-        /* Its socket as fd 3 (dup2 clears close-on-exec), nothing else of
-         * ours: every other fd is marked close-on-exec. */
-        int kept = child_sock == BP_SUP_FD
-                       ? fcntl(child_sock, F_SETFD, 0)  /* dup2 onto itself keeps CLOEXEC */
-                       : dup2(child_sock, BP_SUP_FD);
-        if (kept < 0)
-            goto child_fail;
-        int first_closed = BP_SUP_FD + 1;
-        if (page_fd >= 0) {
-            /* Above 4 already (lifted), so fd 4 holds nothing the socket needs. */
-            if (dup2(page_fd, BP_SUP_PAGE_FD) < 0)
-                goto child_fail;
-            first_closed = BP_SUP_PAGE_FD + 1;
-        }
-        if (syscall(SYS_close_range, first_closed, ~0U, 4U) != 0) { /* CLOSE_RANGE_CLOEXEC */
-            for (int fd = first_closed; fd < 65536; fd++)
-                (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
-        }
-        (void)fcntl(errw, F_SETFD, FD_CLOEXEC);
-        execve(path, argv, envp);
-child_fail: {
-            int e[2] = {BP_STAGE_EXEC, errno};
-            (void)!write(errw, e, sizeof e);
-            _exit(127);
-        }
+    struct sup_exec x = {path, argv, envp, child_sock, page_fd, errw};
+    origin_read(&sup->origin, BP_ORIGIN_ALL);  /* what the supervisor inherits now */
+    int kept_stack = 1, fork_errno = 0;
+    pid_t pid = -1;
+    void *stack = bp__child_stack(&kept_stack);
+    if (stack == NULL) {
+        fork_errno = errno;
+    } else {
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        /* CLONE_FS: the supervisor shares this process's cwd, root and umask for
+         * good (its exec does not unshare them), so each leader, which gets a
+         * copy of them at its start, starts where a child of the caller would
+         * start now, also after an os.chdir() or os.umask() between two runs. */
+        pid = clone(sup_exec_child, (char *)stack + BP_CHILD_STACK_SIZE,
+                    CLONE_VM | CLONE_VFORK | CLONE_FS | SIGCHLD, &x);
+        fork_errno = errno;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+#ifdef BP_ASAN
+        __asan_unpoison_memory_region(stack, BP_CHILD_STACK_SIZE);
+#endif
+        if (!kept_stack)
+            (void)munmap(stack, BP_CHILD_STACK_SIZE);
     }
-    int fork_errno = errno;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
     bp__close_fd(&sv[1]);
     bp__close_fd(&ep[1]);
     bp__close_fd(&page_fd);  /* the mapping stays */
@@ -303,11 +420,17 @@ int bp_sup_reusable(const struct bp_sup *sup)
     return sup != NULL && !sup->broken && sup->sock >= 0;
 }
 
-/* bp_sup_usable: 1 when sup may serve another run (in this process). */
-int bp_sup_usable(const struct bp_sup *sup)
+/* bp__sup_usable: 1 when sup may serve another run (in this process), from
+ * this thread, with what: BP_ORIGIN_ALL, or only BP_ORIGIN_WHO of what the
+ * thread's child would inherit compared (struct bp_origin). */
+int bp__sup_usable(const struct bp_sup *sup, int what)
 {
     if (!bp_sup_reusable(sup) || sup->owner != getpid())
         return 0;
+    struct bp_origin now;
+    origin_read(&now, what);
+    if (memcmp(&now, &sup->origin, what == BP_ORIGIN_WHO ? ORIGIN_WHO_SIZE : sizeof now) != 0)
+        return 0;  /* this thread's ids, limits, ... changed since its start */
     /* An idle supervisor sends nothing: a readable socket is its EOF (it was
      * killed between runs). */
     struct pollfd p = {sup->sock, POLLIN, 0};
@@ -316,6 +439,12 @@ int bp_sup_usable(const struct bp_sup *sup)
         rc = poll(&p, 1, 0);
     } while (rc < 0 && errno == EINTR);
     return rc == 0;
+}
+
+/* bp_sup_usable: bp__sup_usable with everything compared (a thread's own pool). */
+int bp_sup_usable(const struct bp_sup *sup)
+{
+    return bp__sup_usable(sup, BP_ORIGIN_ALL);
 }
 
 /* bp_sup_pid: the supervisor's pid (for tests and diagnostics). */
@@ -781,6 +910,13 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
     *stage = BP_STAGE_SUPERVISOR;
     errno = ENOSYS;
     return -1;
+}
+
+int bp__sup_usable(const struct bp_sup *sup, int what)
+{
+    (void)sup;
+    (void)what;
+    return 0;
 }
 
 int bp_sup_usable(const struct bp_sup *sup)

@@ -22,6 +22,13 @@
  * run survives into the next: a supervisor that could not kill everything
  * (an escapee it may not signal) reports reusable=0 and exits.
  *
+ * It shares its caller's cwd, root and umask (started with CLONE_FS, which
+ * its exec keeps), so each leader starts with the caller's current ones:
+ * nothing here may chdir, chroot or set the umask, which would change the
+ * caller's.  The rest of what a child inherits (ids, limits, affinity, ...)
+ * is the caller's as of our start; the core replaces us when those change
+ * (sup.c, struct bp_origin).
+ *
  * It dies with its caller: the caller's pidfd becomes readable when the
  * caller's process exits (whatever killed it, even the OOM killer); the
  * parent-death signal (SIGHUP, read from a signalfd and accepted only from

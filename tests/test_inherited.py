@@ -196,6 +196,106 @@ def test_environ_edited_by_another_thread(contain: bool) -> None:
     assert got == []
 
 
+# What a command inherits from its caller, as the command sees it.
+STATE_PROBE = ("pwd -P; umask; ulimit -n; nice; "
+               "grep -E '^(Uid|Gid|Groups|NoNewPrivs|Cpus_allowed_list):' /proc/self/status")
+
+
+def _state_change_seen(change: str) -> dict[str, str]:
+    """In a fresh Python: a contained run (this thread now has a supervisor), then `change`,
+    then the probe, contained and not.  The uncontained command is a fresh child of the
+    caller: what the contained one must see too."""
+    return child(f"""
+        import ctypes, resource
+        probe = {STATE_PROBE!r}
+        before = run(["sh", "-c", probe], timeout=20).stdout.decode()
+        {change}
+        after = {{str(c): run(["sh", "-c", probe], timeout=20, contain=c).stdout.decode()
+                 for c in (True, False)}}
+        print(json.dumps(dict(before=before, **after)))
+    """)  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("change", [
+    "os.chdir({tmp!r})",
+    "os.umask(0o027)",
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (200, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))",
+    "os.nice(2)",
+    "os.sched_setaffinity(0, {{min(os.sched_getaffinity(0))}})",
+    "ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)",  # PR_SET_NO_NEW_PRIVS
+], ids=["cwd", "umask", "rlimit", "nice", "affinity", "no-new-privs"])
+def test_state_changed_between_runs_reaches_the_next_contained_command(
+        change: str, tmp_path: object) -> None:
+    """The supervisor is reused from run to run, and a command still starts with what a
+    child of the caller would inherit now, not what the caller had when its supervisor
+    started: the cwd and umask (shared with it), limits, nice, CPU affinity, no_new_privs
+    (a changed one gets a new supervisor)."""
+    if "affinity" in change and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: no other affinity to set")
+    got = _state_change_seen(change.format(tmp=str(tmp_path)))
+    assert got["False"] != got["before"], got  # the change shows in a fresh child
+    assert got["True"] == got["False"], got
+
+
+def test_ids_dropped_after_a_contained_run_reach_the_next_command() -> None:
+    """A root caller that becomes nobody after a contained run: the next contained command
+    runs as nobody (the root supervisor is not reused), as an uncontained one does."""
+    as_nobody("out = {}")  # skips unless root, with a 'nobody' who can reach the supervisor
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    got = _state_change_seen(
+        f"os.setgroups([]); os.setresgid({nobody.pw_gid}, {nobody.pw_gid}, {nobody.pw_gid}); "
+        f"os.setresuid({nobody.pw_uid}, {nobody.pw_uid}, {nobody.pw_uid}); os.chdir('/')")
+    assert f"Uid:\t{nobody.pw_uid}\t" in got["False"], got
+    assert got["True"] == got["False"], got
+
+
+@MODES
+def test_ids_dropped_while_run_many_iterates_reach_the_later_commands(contain: bool) -> None:
+    """run_many's core threads keep their supervisors for the whole call: a caller that
+    drops root while it iterates has its later commands run as nobody, contained or not."""
+    as_nobody("out = {}")  # skips unless root, with a 'nobody' who can reach the supervisor
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    got = child(f"""
+        from boundedproc import run_many
+        results = run_many([["id", "-u"]] * 24, jobs=2, contain={contain}, timeout=20)
+        first = next(results).stdout.decode().strip()
+        os.setgroups([]); os.setresgid({nobody.pw_gid}, {nobody.pw_gid}, {nobody.pw_gid})
+        os.setresuid({nobody.pw_uid}, {nobody.pw_uid}, {nobody.pw_uid}); os.chdir("/")
+        rest = [r.stdout.decode().strip() or r.runner_error for r in results]
+        print(json.dumps([first, rest[-12:]]))
+    """)
+    assert got == ["0", [str(nobody.pw_uid)] * 12]
+
+
+def test_a_set_user_id_command_still_gains_its_privilege() -> None:
+    """The supervisor shares the caller's cwd record, but its leaders get a copy of it: a
+    set-user-ID program run contained by nobody gains its owner's euid, as under
+    subprocess (a shared record would make the kernel withhold it)."""
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix="bp-suid-")
+    try:
+        os.chmod(where, 0o755)
+        prog = os.path.join(where, "id")
+        shutil.copy(shutil.which("id") or "/usr/bin/id", prog)
+        os.chmod(prog, 0o4755)
+        out = as_nobody(f"""
+import subprocess
+out = dict(contained=boundedproc.run([{prog!r}, "-u"]).stdout.decode(),
+           uncontained=boundedproc.run([{prog!r}, "-u"], contain=False).stdout.decode(),
+           subprocess=subprocess.run([{prog!r}, "-u"], capture_output=True, text=True).stdout)
+""")
+        if out["subprocess"] != "0\n":
+            pytest.skip(f"set-user-ID bits are not honoured here ({out['subprocess']!r})")
+        assert out == {"contained": "0\n", "uncontained": "0\n", "subprocess": "0\n"}
+    finally:
+        shutil.rmtree(where)
+
+
 @MODES
 def test_thread_with_a_32k_stack(contain: bool, clean: dict[bool, object]) -> None:
     """A calling thread with Python's smallest stack (32 KiB) runs everything as usual."""
