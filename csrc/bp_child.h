@@ -255,6 +255,18 @@ __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child
 
 /* ---- the start --------------------------------------------------------------- */
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BP_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define BP_ASAN 1
+#endif
+#ifdef BP_ASAN
+void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
+#endif
+
 #ifdef __linux__
 #ifndef CLONE_PIDFD
 #define CLONE_PIDFD 0x00001000  /* Linux 5.2; C library headers may predate it */

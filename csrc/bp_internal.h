@@ -22,20 +22,6 @@
 #define MSG_NOSIGNAL 0  /* only contained runs (Linux) send on a socket */
 #endif
 
-/* Built with AddressSanitizer: a vfork-style child leaves its redzones poisoned on the
- * stack it ran on (it never returns), and the starter unpoisons them. */
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define BP_ASAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define BP_ASAN 1
-#endif
-#ifdef BP_ASAN
-void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
-#endif
-
 #ifndef BP_VERSION
 #define BP_VERSION "unknown"
 #endif
@@ -138,10 +124,7 @@ int bp__make_pipe(int p[2]);
 int bp__set_nonblock(int fd);
 void bp__spawn_failed(struct bp_run *run, int stage, int err);
 #ifdef __linux__
-/* The calling thread's stack for a vfork-style child (bp_child_start, the supervisor's
- * start), or NULL with errno; *kept 0: unmap it after the start. */
-#define BP_CHILD_STACK_SIZE (64 * 1024)
-void *bp__child_stack(int *kept);
+pid_t bp__vfork_child(int (*fn)(void *), void *arg, int flags);
 #endif
 
 /* sup.c */

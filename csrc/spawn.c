@@ -82,6 +82,9 @@ int bp__set_nonblock(int fd)
     return fcntl(fd, F_SETFL, O_NONBLOCK);
 }
 
+/* The child's stack (Linux: it runs on a stack of its own, see bp_child_start). */
+#define CHILD_STACK_SIZE (64 * 1024)
+
 #ifdef __linux__
 /*
  * One child stack per calling thread, mapped at its first start of a child (an
@@ -101,7 +104,7 @@ static __thread void *thread_stack;
 
 static void stack_release(void *stack)
 {
-    (void)munmap(stack, BP_CHILD_STACK_SIZE);
+    (void)munmap(stack, CHILD_STACK_SIZE);
 }
 
 static void stack_key_init(void)
@@ -111,12 +114,12 @@ static void stack_key_init(void)
 
 /* This thread's child stack, or NULL with errno when none can be mapped. *kept is 0
  * when the caller must unmap it after the start (no key to release it at thread exit). */
-void *bp__child_stack(int *kept)
+static void *child_stack(int *kept)
 {
     *kept = 1;
     if (thread_stack != NULL)
         return thread_stack;
-    void *stack = mmap(NULL, BP_CHILD_STACK_SIZE, PROT_READ | PROT_WRITE,
+    void *stack = mmap(NULL, CHILD_STACK_SIZE, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
     if (stack == MAP_FAILED)
         return NULL;
@@ -126,6 +129,32 @@ void *bp__child_stack(int *kept)
     else
         *kept = 0;
     return stack;
+}
+
+/* bp__vfork_child: start fn(arg) as a vfork-style child (CLONE_VM | CLONE_VFORK |
+ * flags) on this thread's child stack, with every signal blocked around the clone;
+ * we resume once it has exec'd or exited.  Returns its pid, or -1 with errno.  The
+ * supervisor's start (sup.c); a leader starts through bp_child_start. */
+pid_t bp__vfork_child(int (*fn)(void *), void *arg, int flags)
+{
+    int kept;
+    void *stack = child_stack(&kept);
+    if (stack == NULL)
+        return -1;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid_t pid = clone(fn, (char *)stack + CHILD_STACK_SIZE, CLONE_VM | CLONE_VFORK | SIGCHLD | flags,
+                      arg);
+    int err = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+#ifdef BP_ASAN
+    __asan_unpoison_memory_region(stack, CHILD_STACK_SIZE);  /* the child's redzones */
+#endif
+    if (!kept)
+        (void)munmap(stack, CHILD_STACK_SIZE);
+    errno = err;
+    return pid;
 }
 #endif
 
@@ -221,7 +250,7 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
     void *stack = NULL;
 #ifdef __linux__
     int kept;
-    stack = bp__child_stack(&kept);
+    stack = child_stack(&kept);
     if (stack == NULL) {
         *stage = BP_STAGE_FORK;
         *err = errno;
@@ -229,10 +258,10 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
     }
 #endif
     int pidfd = -1;
-    pid_t pid = bp_child_start(&a, stack, BP_CHILD_STACK_SIZE, &pidfd, stage, err);
+    pid_t pid = bp_child_start(&a, stack, CHILD_STACK_SIZE, &pidfd, stage, err);
 #ifdef __linux__
     if (!kept)
-        (void)munmap(stack, BP_CHILD_STACK_SIZE);
+        (void)munmap(stack, CHILD_STACK_SIZE);
 #endif
     if (pid > 0)
         run->spawn_pidfd = pidfd;

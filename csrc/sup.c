@@ -336,29 +336,12 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
 
     struct sup_exec x = {path, argv, envp, child_sock, page_fd, errw};
     origin_read(&sup->origin, BP_ORIGIN_ALL);  /* what the supervisor inherits now */
-    int kept_stack = 1, fork_errno = 0;
-    pid_t pid = -1;
-    void *stack = bp__child_stack(&kept_stack);
-    if (stack == NULL) {
-        fork_errno = errno;
-    } else {
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        /* CLONE_FS: the supervisor shares this process's cwd, root and umask for
-         * good (its exec does not unshare them), so each leader, which gets a
-         * copy of them at its start, starts where a child of the caller would
-         * start now, also after an os.chdir() or os.umask() between two runs. */
-        pid = clone(sup_exec_child, (char *)stack + BP_CHILD_STACK_SIZE,
-                    CLONE_VM | CLONE_VFORK | CLONE_FS | SIGCHLD, &x);
-        fork_errno = errno;
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-#ifdef BP_ASAN
-        __asan_unpoison_memory_region(stack, BP_CHILD_STACK_SIZE);
-#endif
-        if (!kept_stack)
-            (void)munmap(stack, BP_CHILD_STACK_SIZE);
-    }
+    /* CLONE_FS: the supervisor shares this process's cwd, root and umask for good
+     * (its exec does not unshare them), so each leader, which gets a copy of them
+     * at its start, starts where a child of the caller would start now, also
+     * after an os.chdir() or os.umask() between two runs. */
+    pid_t pid = bp__vfork_child(sup_exec_child, &x, CLONE_FS);
+    int fork_errno = errno;
     bp__close_fd(&sv[1]);
     bp__close_fd(&ep[1]);
     bp__close_fd(&page_fd);  /* the mapping stays */
