@@ -189,7 +189,9 @@ class _Supervisor:
 # shared with the supervisor (CLONE_FS), and an idle supervisor is usable only
 # while this thread's ids, limits, affinity, scheduling and the rest of what a
 # child inherits are what they were at its start (sup.c, struct bp_origin); after
-# a change, the next run starts a new one.
+# a change, the next run starts a new one.  The core keeps a supervisor on the CPU
+# its thread runs on (sup.c, pin_to_caller: the hop to it and back is then a context
+# switch, not a wakeup of an idle CPU); its leaders take back the caller's CPU mask.
 _pool = threading.local()
 _every: weakref.WeakSet[_Supervisor] = weakref.WeakSet()
 _MAX_IDLE = 2

@@ -72,6 +72,9 @@ struct bp_child_args {
     volatile int32_t *leader_slot;  /* not NULL: our pid is written there before exec (memory
                                      * the supervisor shares with the core) */
     int hello_fd;                   /* >= 0 (and no slot): send BP_MSG_LEADER there instead */
+    const void *cpu_mask;           /* not NULL: take this CPU mask (cpu_mask_len bytes); the
+                                     * parent runs pinned to one CPU (the supervisor) */
+    size_t cpu_mask_len;
 };
 
 __attribute__((noreturn)) static inline void bp_child_fail(const struct bp_child_args *a,
@@ -167,10 +170,10 @@ static inline int bp_child_exec(char *const *paths, char *const *argv, char *con
  * The pre-exec steps, in order: die with the parent; every disposition back
  * to its default (Python ignores SIGPIPE, and a check must not inherit that,
  * nor an ignored SIGCHLD; a clean parent has nothing to reset, and skips the
- * 62 system calls); a new session; stdio; every other fd closed on
- * exec; limits; cwd; groups, gid, uid; the signal mask emptied (the parent
- * blocked every signal around vfork, so no handler ran in the borrowed
- * address space); exec.  Never returns.
+ * 62 system calls); a new session; stdio; every other fd closed on exec;
+ * limits; the CPU mask (a pinned parent's child); cwd; groups, gid, uid; the
+ * signal mask emptied (the parent blocked every signal around vfork, so no
+ * handler ran in the borrowed address space); exec.  Never returns.
  */
 __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child_args *a)
 {
@@ -227,6 +230,12 @@ __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child
         if (setrlimit(resource, &rl) < 0)
             bp_child_fail(a, BP_STAGE_RLIMIT, errno);
     }
+#ifdef __linux__
+    /* Fails only when none of those CPUs is allowed any more (a cpuset changed);
+     * the command then runs where the kernel lets it, as the caller does. */
+    if (a->cpu_mask != NULL)
+        (void)syscall(SYS_sched_setaffinity, 0, a->cpu_mask_len, a->cpu_mask);
+#endif
     if (a->cwd != NULL && chdir(a->cwd) < 0)
         bp_child_fail(a, BP_STAGE_CHDIR, errno);
     int stage = 0;

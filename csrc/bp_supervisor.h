@@ -37,6 +37,13 @@
  *                         and left nothing behind.  `reusable` 0: the
  *                         supervisor exits after it (something is left).
  *
+ * The CPU: the core pins its supervisor to the CPU the calling thread runs on
+ * (sched_setaffinity from outside, only when that CPU changed), so that RUN
+ * wakes it on the CPU the caller is about to leave idle rather than on
+ * another one; RUN's `pinned` then tells the leader to take back the CPU mask
+ * the supervisor started with (the caller's: sup.c replaces a supervisor
+ * whose caller's mask changed), which the supervisor reads before HELLO.
+ *
  * The shared page: a memfd of one page, the supervisor's fd 4 at its start
  * (BP_SUP_PAGE_FD), mapped shared by the core and the supervisor, and so by
  * the leader, which runs on the supervisor's memory until its exec.  Its
@@ -65,7 +72,7 @@
 #define BP_CMD_KILL 3
 
 /* This protocol's version, in HELLO's status (0 in every build before it was sent). */
-#define BP_SUP_PROTOCOL 0x62700002
+#define BP_SUP_PROTOCOL 0x62700003
 
 #define BP_MSG_HELLO 1
 #define BP_MSG_LEADER 2
@@ -94,7 +101,8 @@ struct bp_sup_cmd {
     int32_t envc;
     int32_t npaths;
     int32_t ngroups;        /* < 0: unchanged */
-    int32_t pad;
+    int32_t pinned;         /* 1: the core has pinned us to its CPU (sup.c, pin_to_caller):
+                               the leader takes back the CPU mask we started with */
     int64_t uid;
     int64_t gid;
     int64_t spec_len;       /* bytes of the spec: after this header in the same record

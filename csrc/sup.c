@@ -91,6 +91,7 @@ struct bp_sup {
     volatile int32_t *page; /* shared with it (bp_supervisor.h); NULL: none */
     int broken;             /* dead, unresponsive or tainted: never reuse */
     pid_t owner;            /* the process that started it */
+    int cpu;                /* the CPU it is pinned to (pin_to_caller); -1: not pinned */
 #ifdef __linux__
     struct bp_origin origin;  /* the starting thread's, when it started */
 #endif
@@ -357,6 +358,7 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
     sup->pid = pid;
     sup->sock = sv[0];
     sup->owner = getpid();
+    sup->cpu = -1;
     int e[2] = {0, 0};
     ssize_t n;
     do {
@@ -581,6 +583,30 @@ static void sup_failed(struct bp_run *run, int how)
 }
 
 /*
+ * Keep the supervisor on the CPU the calling thread runs on, and say whether
+ * it is pinned.  RUN wakes it just before the caller sleeps; the kernel wakes
+ * a task on the CPU it last ran on when that CPU is idle, so an unpinned
+ * supervisor is woken on the other, idle CPU, through an interprocessor
+ * interrupt (under a hypervisor about 40 us a run, twice: RUN and FINAL).
+ * Pinned, it runs where the caller just stopped.  Its affinity is set from
+ * here, while it sleeps, and only when the caller's CPU changed; its leaders
+ * take back the mask it started with (bp_supervisor.h), so a command gets the
+ * caller's.
+ */
+static int pin_to_caller(struct bp_sup *sup)
+{
+    int cpu = sched_getcpu();
+    if (cpu >= 0 && cpu < CPU_SETSIZE && cpu != sup->cpu) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET((size_t)cpu, &one);
+        if (sched_setaffinity(sup->pid, sizeof one, &one) == 0)
+            sup->cpu = cpu;
+    }
+    return sup->cpu >= 0;
+}
+
+/*
  * bp__sup_spawn: hand the run's command to its supervisor.  child[] are the
  * command's stdio ends (-1: closed).  Returns 0 once the supervisor has it
  * (run->sup_pending: the leader's pid and whether its exec worked are learned
@@ -600,6 +626,7 @@ int bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err)
     memset(&cmd, 0, sizeof cmd);
     cmd.type = BP_CMD_RUN;
     cmd.new_session = spec->new_session;
+    cmd.pinned = pin_to_caller(sup);
     cmd.uid = spec->uid;
     cmd.gid = spec->gid;
     for (int i = 0; i < BP_NRLIMITS; i++) {

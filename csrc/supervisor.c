@@ -78,6 +78,9 @@ struct sup {
     int kids_fd;          /* /proc/self/task/TID/children, open for good; -1: none */
     volatile int32_t *page;  /* the page shared with the core (bp_supervisor.h), or NULL */
     int held[2];          /* the child's stdout and stderr ends, held until FINAL; -1: none */
+    unsigned char cpu_mask[128];  /* ours at our start (the caller's), for a leader to take
+                                   * back once the core has pinned us (bp_supervisor.h) */
+    long cpu_mask_len;    /* bytes the kernel filled; <= 0: unknown, the leader keeps ours */
     /* the current run */
     pid_t leader;
     int new_session;
@@ -499,6 +502,10 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
     a.parent = s->self;
     a.leader_slot = s->page;
     a.hello_fd = s->sock;
+    if (cmd->pinned && s->cpu_mask_len > 0) {
+        a.cpu_mask = s->cpu_mask;
+        a.cpu_mask_len = (size_t)s->cpu_mask_len;
+    }
     pid = bp_child_start(&a, leader_stack, sizeof leader_stack, NULL, &stage, &err);
     if (pid < 0) {
         pid = 0;
@@ -701,6 +708,8 @@ int main(int argc, char **argv)
 #endif
     s.proc_ok = proc_is_ours(s.self);
     s.kids_fd = -1;  /* opened at the first need (list_children) */
+    /* Before HELLO: the core pins us only after it (bp_supervisor.h). */
+    s.cpu_mask_len = syscall(SYS_sched_getaffinity, 0, sizeof s.cpu_mask, s.cpu_mask);
     send_simple(&s, BP_MSG_HELLO, (int)s.self, stage, err);
     if (stage != 0)
         return 1;

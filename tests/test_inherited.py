@@ -237,6 +237,29 @@ def test_state_changed_between_runs_reaches_the_next_contained_command(
     assert got["True"] == got["False"], got
 
 
+def test_a_contained_command_gets_the_callers_cpu_mask_not_its_supervisors() -> None:
+    """The core pins a thread's supervisor to the CPU the thread runs on (a wakeup on the
+    CPU the caller leaves idle), and its leaders take back the caller's mask: a command and
+    what it starts may use every CPU the caller may (nproc, make -j), run after run."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: a pinned mask and the caller's are the same")
+    probe = "grep Cpus_allowed_list /proc/self/status; sh -c 'grep Cpus_allowed_list /proc/self/status' &  wait"
+    got = child(f"""
+        from boundedproc import _native
+        probe = {probe!r}
+        seen = set()
+        for _ in range(20):
+            seen.add(run(["sh", "-c", probe], timeout=20).stdout.decode())
+        sup = _native._pool.idle[0]
+        print(json.dumps(dict(contained=sorted(seen),
+                              uncontained=run(["sh", "-c", probe], contain=False).stdout.decode(),
+                              supervisor=len(os.sched_getaffinity(sup.pid)))))
+    """)
+    assert got["contained"] == [got["uncontained"]], got
+    # What makes this test mean something: the supervisor itself runs on one CPU.
+    assert got["supervisor"] == 1, got
+
+
 def test_ids_dropped_after_a_contained_run_reach_the_next_command() -> None:
     """A root caller that becomes nobody after a contained run: the next contained command
     runs as nobody (the root supervisor is not reused), as an uncontained one does."""
