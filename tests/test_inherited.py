@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -243,7 +244,8 @@ def test_a_contained_command_gets_the_callers_cpu_mask_not_its_supervisors() -> 
     what it starts may use every CPU the caller may (nproc, make -j), run after run."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one CPU: a pinned mask and the caller's are the same")
-    probe = "grep Cpus_allowed_list /proc/self/status; sh -c 'grep Cpus_allowed_list /proc/self/status' &  wait"
+    mask = "grep Cpus_allowed_list /proc/self/status"
+    probe = f"{mask}; sh -c '{mask}' & wait"  # the command's and a background child's
     got = child(f"""
         from boundedproc import _native
         probe = {probe!r}
@@ -347,6 +349,56 @@ def test_run_from_a_signal_handler_while_a_run_is_in_flight(contain: bool) -> No
         print(json.dumps([inner, r.stdout.decode(), r.exit_code, time.monotonic() - t < 3]))
     """, timeout=30)
     assert got == [["inner\n"], "outer\n", 0, True]
+
+
+@MODES
+def test_a_signal_during_a_run_reaches_the_wakeup_fd_set_before(contain: bool) -> None:
+    """A run borrows Python's signal wakeup fd: a signal that arrives during it still
+    reaches the wakeup fd the caller had set (asyncio's, say), its handler runs, and that
+    fd is the wakeup fd again after the run."""
+    got = child(f"""
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w)
+        seen = []
+        signal.signal(signal.SIGUSR1, lambda *_: seen.append("handler"))
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        res = run(["sleep", "0.6"], timeout=5, contain={contain})
+        print(json.dumps([res.exit_code, seen, list(os.read(r, 64)),
+                          signal.set_wakeup_fd(-1) == w]))
+    """, timeout=30)
+    assert got == [0, ["handler"], [int(signal.SIGUSR1)], True]
+
+
+@MODES
+def test_a_wakeup_byte_after_the_runs_last_wait_is_forwarded_not_left(contain: bool) -> None:
+    """A signal whose byte lands in the run's borrowed wakeup pipe after the run's last
+    wait (simulated: the byte is written just after it) reaches the caller's wakeup fd at
+    the run's end, and without one, nothing is left in the borrowed pipe."""
+    got = child(f"""
+        from boundedproc import _native
+        outcome = _native._outcome
+        def late_byte(*a):  # runs after the run's last wait, before its end
+            os.write(_native._wake_pipe[1], bytes([signal.SIGUSR2]))
+            return outcome(*a)
+        _native._outcome = late_byte
+        def unread(fd):
+            try:
+                return list(os.read(fd, 64))
+            except BlockingIOError:
+                return []
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w)
+        run(["true"], contain={contain})
+        forwarded, left_then = unread(r), unread(_native._wake_pipe[0])
+        signal.set_wakeup_fd(-1)
+        run(["true"], contain={contain})
+        print(json.dumps([forwarded, left_then, unread(_native._wake_pipe[0])]))
+    """, timeout=30)
+    assert got == [[int(signal.SIGUSR2)], [], []]
 
 
 @MODES
