@@ -407,10 +407,10 @@ class NativeOutcome:
 # thread the run borrows Python's wakeup fd: the C handler writes the signal number
 # there, poll() wakes, bp_wait returns BP_AGAIN, and the handler runs at the next
 # bytecode.  Bytes read back are forwarded to the wakeup fd that was set before
-# (asyncio's, say), so no registered handler loses its wakeup.  At a run's end the
-# pipe is read only when a poll says it holds something: a read of an empty pipe
-# raises BlockingIOError, which cost a contained run() about 5% of the calling
-# thread's CPU (benchmarks/README.md).
+# (asyncio's, say), so no registered handler loses its wakeup.  The pipe is read
+# only while a poll says it holds something: a read of the empty pipe raises
+# BlockingIOError, which at every run's end cost a contained run() about 5% of the
+# calling thread's CPU (benchmarks/README.md).
 
 _wake_lock = threading.Lock()
 _wake_pipe: tuple[int, int] | None = None
@@ -473,7 +473,7 @@ class _Wakeup:
     def drain(self) -> None:
         if self._r < 0:
             return
-        while True:
+        while _wake_pending():
             try:
                 data = os.read(self._r, 512)
             except (BlockingIOError, InterruptedError):
@@ -495,8 +495,7 @@ class _Wakeup:
             signal.set_wakeup_fd(self._old)
         except ValueError:  # pragma: no cover - the old fd was closed meanwhile
             signal.set_wakeup_fd(-1)
-        if _wake_pending():  # from here on no byte comes into our pipe
-            self.drain()
+        self.drain()  # from here on no byte comes into our pipe
 
 
 def _cstrings(items: Sequence[bytes], keep: list[object]) -> object:

@@ -41,8 +41,9 @@
  * (sched_setaffinity from outside, only when that CPU changed), so that RUN
  * wakes it on the CPU the caller is about to leave idle rather than on
  * another one; RUN's `pinned` then tells the leader to take back the CPU mask
- * the supervisor started with (the caller's: sup.c replaces a supervisor
- * whose caller's mask changed), which the supervisor reads before HELLO.
+ * the supervisor started with, which it reads before HELLO: the calling
+ * thread's at that start (sup.c replaces a thread's own supervisor when that
+ * mask changes; a run_many worker's lives for one call, as batch.c says).
  *
  * The shared page: a memfd of one page, the supervisor's fd 4 at its start
  * (BP_SUP_PAGE_FD), mapped shared by the core and the supervisor, and so by
