@@ -520,10 +520,10 @@ def run_many(
 ) -> Generator[Result[bytes], None, None] | Generator[Result[str], None, None]:
     """Run many commands, at most ``jobs`` at once, yielding results in input order.
 
-    ``cmds`` is read lazily: at most ``4 * jobs`` commands are taken from it
+    ``cmds`` is read lazily: at most ``8 * jobs`` commands are taken from it
     ahead of the consumer (running, queued, or finished and waiting their
     turn), so a generator of a million commands is never materialised and
-    memory stays bounded by ``4 * jobs`` results.  What a command does (fails,
+    memory stays bounded by ``8 * jobs`` results.  What a command does (fails,
     hangs to its deadline, is missing, floods its output) is only its
     ``Result``: it never stops the others.  A finished run may wait up to 2 ms
     for others to end before the iterator hears of it (fewer wakeups at scale).
@@ -720,9 +720,13 @@ def _new_batch(jobs: int, window: int) -> _native.Batch | None:
 # Commands taken from the input ahead of the consumer, per job: running, queued, or
 # finished and waiting their turn.  Results are yielded in input order, so one slow
 # command holds the finished ones behind it in the window; with 2 a job, the workers
-# often idled behind such a head at scale (benchmarks/README.md, B9), with 4 they
-# rarely do.  It is also the bound on the results held in memory.
-WINDOW_PER_JOB = 4
+# often idled behind such a head at scale.  With 4, the consumer, told of up to
+# 2 * jobs finished runs at once (csrc/batch.c), found about 4 left queued, and the
+# workers ran dry while it built those results: the CPUs idled 2-3% of a B9 run
+# (floor.c: under 1%).  With 8 they idle about 1%, and the consumer is woken less
+# (benchmarks/README.md, "How far run_many reads ahead").  It is also the bound on the
+# results held in memory.
+WINDOW_PER_JOB = 8
 
 _NO_REST = object()
 _STOP = object()

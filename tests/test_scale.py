@@ -91,7 +91,7 @@ def test_run_many_never_runs_more_than_jobs_at_once() -> None:
 
 
 def test_run_many_reads_input_lazily() -> None:
-    """A million-command generator is read at most 4*jobs ahead of what was yielded."""
+    """A million-command generator is read at most 8*jobs ahead of what was yielded."""
     jobs = 2
     taken = 0
 
@@ -105,9 +105,23 @@ def test_run_many_reads_input_lazily() -> None:
     assert taken == 0  # nothing is read before the first next()
     for yielded in range(1, 6):
         assert next(it).ok
-        assert taken <= yielded + 4 * jobs
+        assert taken <= yielded + 8 * jobs
     it.close()
-    assert taken <= 5 + 4 * jobs
+    assert taken <= 5 + 8 * jobs
+
+
+def test_run_many_keeps_its_workers_busy_behind_a_slow_head() -> None:
+    """Results come in input order, so a slow first command holds every finished one
+    behind it; the workers go on with up to 8*jobs - 1 commands meanwhile.  With 4*jobs
+    (before) at most 7 of these 20 fast commands ran before the head ended, at jobs=2."""
+    jobs = 2
+    head = ["sh", "-c", "sleep 1.5; date +%s.%N"]
+    fast = [["date", "+%s.%N"] for _ in range(20)]
+    results = list(run_many([head, *fast], jobs=jobs, timeout=30))
+    assert all(r.ok for r in results), [r for r in results if not r.ok]
+    head_end = float(results[0].stdout)
+    ran_meanwhile = sum(float(r.stdout) < head_end for r in results[1:])
+    assert ran_meanwhile == 8 * jobs - 1
 
 
 @pytest.mark.skipif(UNDER_ASAN, reason="every child carries the ASan runtime: runs end too "
