@@ -89,6 +89,7 @@ from boundedproc._options import (
     DEFAULT_TIMEOUT,
     Keep,
     Limits,
+    Options,
     OutputCallback,
     StdinSource,
     StdioTarget,
@@ -444,9 +445,14 @@ def _per_command(item: Any, options: dict[str, Any]) -> tuple[Any, dict[str, Any
             raise unknown_keyword(dict.fromkeys(unknown), "Job")
         item = item.cmd
     cmd = _one_shot(item)
-    if not isinstance(cmd, str) and options.get("shell") and "shell" not in own:
+    if "shell" not in own and _shell_off(cmd, options):
         options = {**options, "shell": False}
     return cmd, {**options, **own}
+
+
+def _shell_off(cmd: Any, options: Mapping[str, Any]) -> bool:
+    """Whether a shared ``shell=`` is off for ``cmd``: it applies to strings only."""
+    return not isinstance(cmd, str) and bool(options.get("shell"))
 
 
 @overload
@@ -750,15 +756,14 @@ class _BatchSlot:
 
     __slots__ = ("error", "prepared", "result", "started")
 
-    def __init__(self, cmd: Any, opts: dict[str, Any], switch: Cancel) -> None:
+    def __init__(self, cmd: Any, shell: Any, options: Options, switch: Cancel) -> None:
         """Raises TypeError, ValueError: what run() raises for a caller bug."""
         self.started = time.monotonic()
         self.result: AnyResult | None = None
         self.error: BaseException | None = None
-        shell = opts.pop("shell")
         token = ALSO_CANCEL.set(switch)
         try:
-            self.prepared = _run.prepare(cmd, shell, validate(**opts))
+            self.prepared = _run.prepare(cmd, shell, options)
         finally:
             ALSO_CANCEL.reset(token)
         if self.prepared.spec is None:
@@ -830,6 +835,25 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
     rest: Any = _NO_REST
     more = True
 
+    # The shared options, for every item that is not a Job.  validate() hands back one
+    # cached Options for plain values (no env, stdin, cancel, limits, ...), and those
+    # cannot change during the call: once it has handed back the same object twice, it
+    # is kept instead of validated again for each command.  Other options (an env dict
+    # the caller may edit meanwhile) are validated for each command, as run() would.
+    base = {name: value for name, value in options.items() if name != "shell"}
+    shared: Options | None = None
+    last: Options | None = None
+
+    def validated_shared() -> Options:
+        nonlocal shared, last
+        if shared is not None:
+            return shared
+        got = validate(**base)
+        if got is last:
+            shared = got
+        last = got
+        return got
+
     def fill() -> None:
         nonlocal more, rest
         while more and len(pending) < window:
@@ -838,11 +862,17 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
                 more = False
                 return
             try:
-                cmd, opts = _per_command(item, options)
-                if not _batchable(opts):
-                    rest, more = item, False  # for the Python workers, after these
-                    return
-                slot = _BatchSlot(cmd, opts, switch)
+                if isinstance(item, Job):
+                    cmd, opts = _per_command(item, options)
+                    if not _batchable(opts):
+                        rest, more = item, False  # for the Python workers, after these
+                        return
+                    shell = opts.pop("shell")
+                    slot = _BatchSlot(cmd, shell, validate(**opts), switch)
+                else:  # the shared options, which _many found batchable
+                    cmd = _one_shot(item)
+                    shell = False if _shell_off(cmd, options) else options["shell"]
+                    slot = _BatchSlot(cmd, shell, validated_shared(), switch)
             except (TypeError, ValueError) as err:
                 pending.append(_Raise(err))
                 more = False

@@ -213,6 +213,58 @@ def test_run_many_passes_options_to_every_command() -> None:
     assert [r.stdout for r in results] == ["in\n", "in\ny\n"]
 
 
+def test_run_many_reads_a_shared_env_dict_for_each_command() -> None:
+    """The shared ``env=`` is read as each command is prepared, as run() reads it: an
+    edit between commands reaches the later ones."""
+    env = {"BP_N": "-"}
+
+    def commands() -> Iterator[list[str]]:
+        for i in range(5):
+            env["BP_N"] = str(i)
+            yield ["sh", "-c", "echo $BP_N"]
+
+    results = list(run_many(commands(), jobs=1, env=env, text=True, timeout=30))
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(5)]
+
+
+def test_run_many_asks_a_shared_stdout_object_for_its_fd_at_each_command(
+        tmp_path: Path) -> None:
+    """Shared options made of plain values are validated once per call; an object with
+    ``fileno()`` is not one of them, and is asked again for each command, as run() asks."""
+    files = [open(tmp_path / f"out{i}", "wb") for i in range(4)]  # noqa: SIM115
+
+    class Current:
+        index = 0
+
+        def fileno(self) -> int:
+            return files[self.index].fileno()
+
+    target = Current()
+
+    def commands() -> Iterator[list[str]]:
+        for i in range(4):
+            target.index = i
+            yield ["echo", str(i)]
+
+    try:
+        assert all(r.ok for r in run_many(commands(), jobs=1, stdout=target, timeout=30))
+    finally:
+        for f in files:
+            f.close()
+    assert [(tmp_path / f"out{i}").read_bytes() for i in range(4)] == [
+        f"{i}\n".encode() for i in range(4)]
+
+
+def test_run_many_mixes_strings_and_vectors_with_shared_options_kept() -> None:
+    """Past the second command the shared (plain) options are no longer validated again:
+    a shared ``shell=`` still applies to strings only."""
+    cmds: list[str | list[str]] = ["echo $((1 + 2))", ["echo", "$((1 + 2))"]] * 4
+    results = list(run_many(cmds, shell="sh", jobs=2, timeout=30))
+    assert [r.stdout for r in results] == [b"3\n", b"$((1 + 2))\n"] * 4
+    assert [r.args for r in results] == [("sh", "-c", "echo $((1 + 2))"),
+                                         ("echo", "$((1 + 2))")] * 4
+
+
 def test_run_many_rejects_bad_options_before_reading_input() -> None:
     """Bad jobs or options raise at the call, before the input is read or anything spawned."""
     taken = []
