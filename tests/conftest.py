@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -25,13 +26,24 @@ fork_with_threads = pytest.mark.skipif(
 
 # For the same reason, no thread of the suite's own process may wake by itself: tqdm's monitor
 # thread (started by the first progress bar, a grader or run_many test) wakes every 10 s and
-# allocates, and a subprocess with a preexec_fn (the timeout CLI's tests) runs Python in the
-# forked child.  A sanitizer run hung so: the child of test_signals_are_sent_on waited forever
-# on ASan's allocator lock, and the suite's only thread not idle was tqdm_monitor.
+# allocates.  A sanitizer run hung so: the child of test_signals_are_sent_on, forked for a
+# preexec_fn, waited forever on ASan's allocator lock, and the suite's only thread not idle
+# was tqdm_monitor.  It hung so again with tqdm's monitor off and every thread idle when
+# looked at (56 run_async workers, dask's offload thread): so the tests set a child's state
+# with exec_after() instead of a preexec_fn, and nothing of theirs forks Python any more.
 with contextlib.suppress(ImportError):
     import tqdm
 
     tqdm.tqdm.monitor_interval = 0
+
+
+def exec_after(setup: str) -> list[str]:
+    """A command prefix: Python that runs ``setup`` (``os`` and ``signal`` imported), then
+    execs the rest of the command line, which starts with the state it set (fds closed,
+    signals ignored or blocked; exec keeps them all).  It does what a ``preexec_fn`` would,
+    without one: subprocess then forks (vfork) and execs with no Python in the child."""
+    return [sys.executable, "-c",
+            f"import os, signal, sys\n{setup}\nos.execv(sys.argv[1], sys.argv[1:])"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import pids_in, wait_dead
+from conftest import exec_after, pids_in, wait_dead
 
 from boundedproc.__main__ import main, parse_size
 
@@ -135,9 +135,9 @@ def test_infinite_kill_grace_is_a_usage_error() -> None:
 
 def test_closed_stderr_keeps_the_status() -> None:
     """With our stderr closed, the deadline's note is lost, not the status: still 124."""
-    p = subprocess.run([PY, "-m", "boundedproc", "--timeout", "0.2", "--", "sleep", "30"],
-                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                       preexec_fn=lambda: os.close(2), timeout=60, check=False)
+    p = subprocess.run([*exec_after("os.close(2)"), PY, "-m", "boundedproc", "--timeout", "0.2",
+                        "--", "sleep", "30"],
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=60, check=False)
     assert p.returncode == 124
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import alive, describe_tree, importable_env, pids_in, wait_dead
+from conftest import alive, describe_tree, exec_after, importable_env, pids_in, wait_dead
 
 from boundedproc.timeout import parse_duration, parse_signal, signal_name
 
@@ -58,11 +58,11 @@ SESSION = f"{os.getpid()}-{time.time_ns()}"
 
 
 def tcli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
-         **kw: object) -> subprocess.CompletedProcess[bytes]:
+         prefix: Sequence[str] = (), **kw: object) -> subprocess.CompletedProcess[bytes]:
     kw.setdefault("stdout", subprocess.PIPE)
     kw.setdefault("stderr", subprocess.PIPE)
-    return subprocess.run([*CLI, *args], timeout=timeout, env=env or env_c(), check=False,
-                          **kw)  # type: ignore[call-overload]
+    return subprocess.run([*prefix, *CLI, *args], timeout=timeout, env=env or env_c(),
+                          check=False, **kw)  # type: ignore[call-overload]
 
 
 def gnu(*args: str) -> subprocess.CompletedProcess[bytes]:
@@ -101,12 +101,11 @@ def same_as_gnu(args: Sequence[str], ours: subprocess.CompletedProcess[bytes],
 class Started:
     """The command line started with Popen; killed, with what it started, on close."""
 
-    def __init__(self, args: Sequence[str], preexec: Callable[[], None] | None = None,
-                 **kw: object) -> None:
+    def __init__(self, args: Sequence[str], prefix: Sequence[str] = (), **kw: object) -> None:
         # PYTHONFAULTHANDLER: a run that hangs is sent SIGABRT, and tells where it was.
-        self.proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE,
+        # prefix: exec_after()'s, for masks and dispositions (no preexec_fn: conftest).
+        self.proc = subprocess.Popen([*prefix, *CLI, *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env_c(PYTHONFAULTHANDLER="1"),
-                                     preexec_fn=preexec,  # noqa: PLW1509 (masks, dispositions)
                                      **kw)  # type: ignore[call-overload]
         self.out = b""
 
@@ -154,8 +153,8 @@ def started() -> Iterator[Callable[..., Started]]:
     """Start the command line; whatever is still running is killed after the test."""
     runs: list[Started] = []
 
-    def start(*args: str, preexec: Callable[[], None] | None = None) -> Started:
-        run = Started(args, preexec)
+    def start(*args: str, prefix: Sequence[str] = ()) -> Started:
+        run = Started(args, prefix)
         runs.append(run)
         return run
 
@@ -478,10 +477,10 @@ CATCHER = (
 )
 
 
-def _ignore_int_quit() -> None:
-    """What a shell does to a background job: SIGINT and SIGQUIT ignored."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+# What a shell does to a background job: SIGINT and SIGQUIT ignored.
+IGNORE_INT_QUIT = exec_after("signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                             "signal.signal(signal.SIGQUIT, signal.SIG_IGN)")
+CLOSE_0, CLOSE_1, CLOSE_2 = (exec_after(f"os.close({fd})") for fd in range(3))
 
 
 SENT_ON = [s for s in FORWARDED if s != signal.SIGALRM]
@@ -492,7 +491,7 @@ SENT_ON = [s for s in FORWARDED if s != signal.SIGALRM]
 def test_signals_are_sent_on(sig: signal.Signals, background: bool,
                              started: Callable[..., Started]) -> None:
     """Each of the six signals received reaches the command, also with INT/QUIT ignored."""
-    run = started("30", PY, "-c", CATCHER, preexec=_ignore_int_quit if background else None)
+    run = started("30", PY, "-c", CATCHER, prefix=IGNORE_INT_QUIT if background else ())
     assert run.line() == b"ready"
     run.signal(sig)
     status, out, _ = run.finish()
@@ -557,13 +556,11 @@ def test_a_trapped_signal_decides_the_status(sig: signal.Signals, trap: str, sta
 
 def test_blocked_signals_change_nothing(started: Callable[..., Started]) -> None:
     """Signals blocked by our parent (TERM, ALRM, CHLD) are still received, timed and sent on."""
-    def block() -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK,
-                               {signal.SIGTERM, signal.SIGALRM, signal.SIGCHLD, signal.SIGINT})
-
-    run = started("0.3", "sleep", "30", preexec=block)
+    block = exec_after("signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, "
+                       "signal.SIGALRM, signal.SIGCHLD, signal.SIGINT})")
+    run = started("0.3", "sleep", "30", prefix=block)
     assert run.finish()[0] == 124
-    run = started("30", "sh", "-c", "echo ready; exec sleep 30", preexec=block)
+    run = started("30", "sh", "-c", "echo ready; exec sleep 30", prefix=block)
     assert run.line() == b"ready"
     run.signal(signal.SIGTERM)
     assert run.finish()[0] == -signal.SIGTERM
@@ -588,19 +585,19 @@ def test_closed_stdout() -> None:
     probe = "import os, sys\ntry:\n    os.fstat(1)\nexcept OSError:\n    sys.exit(9)\n"
     for args, status in ((["5", "sh", "-c", "echo hi; exit 3"], 3),
                          (["5", PY, "-c", probe], 9), (["0.2", "sleep", "30"], 124)):
-        p = tcli(*args, stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(1))
+        p = tcli(*args, stdout=subprocess.DEVNULL, prefix=CLOSE_1)
         assert p.returncode == status and b"Traceback" not in p.stderr, args
 
 
 def test_closed_stdout_for_our_own_output() -> None:
     """--help, --version and --json to a closed stdout: coreutils' write error, 125."""
     for args in (["--help"], ["--version"], ["--json", "5", "true"]):
-        p = tcli(*args, stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(1))
+        p = tcli(*args, stdout=subprocess.DEVNULL, prefix=CLOSE_1)
         assert p.returncode == 125, args
         assert p.stderr == b"timeout: write error: Bad file descriptor\n", args
     if GNU is not None:
-        p = subprocess.run([GNU, "--help"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           preexec_fn=lambda: os.close(1), timeout=60, check=False)
+        p = subprocess.run([*CLOSE_1, GNU, "--help"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, timeout=60, check=False)
         assert p.returncode == 125
 
 
@@ -613,7 +610,7 @@ def test_closed_stdout_for_our_own_output() -> None:
 def test_a_message_stderr_cannot_take_is_125(args: list[str], stderr: str) -> None:
     """A message lost to a closed or full stderr makes the status 125, as coreutils' exit."""
     if stderr == "closed":
-        p = tcli(*args, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.close(2))
+        p = tcli(*args, stderr=subprocess.DEVNULL, prefix=CLOSE_2)
     else:
         if not os.path.exists("/dev/full"):
             pytest.skip("no /dev/full")
@@ -632,7 +629,7 @@ def test_no_message_no_stderr_needed() -> None:
     for args, status in ((["0.2", "sleep", "30"], 124), (["5", "sh", "-c", "exit 3"], 3),
                          (["-v", "-k", "0.2", "0.2", "sh", "-c", "trap '' TERM; sleep 30"],
                           137)):
-        p = tcli(*args, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.close(2))
+        p = tcli(*args, stderr=subprocess.DEVNULL, prefix=CLOSE_2)
         assert p.returncode == status, args
 
 
@@ -640,9 +637,9 @@ def test_closed_stdin_and_stderr_are_passed_on_closed() -> None:
     """A closed fd 0 or 2 of ours is closed in the command too, never one of our own fds."""
     probe = ("import os, sys\nfor fd in (0, 2):\n    try:\n        os.fstat(fd)\n"
              "    except OSError:\n        print('closed', fd)\n")
-    p = tcli("5", PY, "-c", probe, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0))
+    p = tcli("5", PY, "-c", probe, stdin=subprocess.DEVNULL, prefix=CLOSE_0)
     assert p.stdout == b"closed 0\n"
-    p = tcli("5", PY, "-c", probe, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.close(2))
+    p = tcli("5", PY, "-c", probe, stderr=subprocess.DEVNULL, prefix=CLOSE_2)
     assert p.stdout == b"closed 2\n"
 
 
