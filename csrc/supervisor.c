@@ -78,8 +78,12 @@ struct sup {
     int kids_fd;          /* /proc/self/task/TID/children, open for good; -1: none */
     volatile int32_t *page;  /* the page shared with the core (bp_supervisor.h), or NULL */
     int held[2];          /* the child's stdout and stderr ends, held until FINAL; -1: none */
-    unsigned char cpu_mask[128];  /* ours at our start (the caller's), for a leader to take
-                                   * back once the core has pinned us (bp_supervisor.h) */
+    /* ours at our start (the caller's), for a leader to take back once the core has
+     * pinned us (bp_supervisor.h).  Room for 8192 CPUs, the most any kernel configures
+     * (x86's MAXSMP; other architectures allow fewer): with less than the machine's
+     * possible CPUs the kernel refuses to fill it (EINVAL), and every command would
+     * stay on our one pinned CPU. */
+    unsigned char cpu_mask[8192 / 8];
     long cpu_mask_len;    /* bytes the kernel filled; <= 0: unknown, the leader keeps ours */
     /* the current run */
     pid_t leader;
