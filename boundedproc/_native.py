@@ -192,7 +192,8 @@ class _Supervisor:
 # child inherits are what they were at its start (sup.c, struct bp_origin); after
 # a change, the next run starts a new one.  The core keeps a supervisor on the CPU
 # its thread runs on (sup.c, pin_to_caller: the hop to it and back is then a context
-# switch, not a wakeup of an idle CPU); its leaders take back the caller's CPU mask.
+# switch, not a wakeup of an idle CPU), unless the kernel keeps moving the thread to
+# another CPU, when it stops for good; its leaders take back the caller's CPU mask.
 _pool = threading.local()
 _every: weakref.WeakSet[_Supervisor] = weakref.WeakSet()
 _MAX_IDLE = 2
