@@ -193,7 +193,8 @@ class _Supervisor:
 # a change, the next run starts a new one.  The core keeps a supervisor on the CPU
 # its thread runs on (sup.c, pin_to_caller: the hop to it and back is then a context
 # switch, not a wakeup of an idle CPU), unless the kernel keeps moving the thread to
-# another CPU, when it stops for good; its leaders take back the caller's CPU mask.
+# another CPU: then it stays where it is, for good.  Its leaders take back the
+# caller's CPU mask.
 _pool = threading.local()
 _every: weakref.WeakSet[_Supervisor] = weakref.WeakSet()
 _MAX_IDLE = 2

@@ -40,13 +40,12 @@
  * The CPU: the core pins its supervisor to the CPU the calling thread runs on
  * (sched_setaffinity from outside, only when that CPU changed), so that RUN
  * wakes it on the CPU the caller is about to leave idle rather than on
- * another one; RUN's `pinned` (BP_PIN_ON) then tells the leader to take back
- * the CPU mask the supervisor started with, which it reads before HELLO: the
- * calling thread's at that start (sup.c replaces a thread's own supervisor
- * when that mask changes; a run_many worker's lives for one call, as batch.c
- * says).  Where the kernel keeps moving the caller off that CPU, the core
- * stops pinning for good (sup.c, pin_to_caller) and sends BP_PIN_OFF: the
- * supervisor takes back that mask itself, and its leaders inherit it.
+ * another one; RUN's `pinned` then tells the leader to take back the CPU mask
+ * the supervisor started with, which it reads before HELLO: the calling
+ * thread's at that start (sup.c replaces a thread's own supervisor when that
+ * mask changes; a run_many worker's lives for one call, as batch.c says).
+ * Where the kernel keeps moving the caller, the core stops following it and
+ * the supervisor stays pinned where it is (sup.c, pin_to_caller).
  *
  * The shared page: a memfd of one page, the supervisor's fd 4 at its start
  * (BP_SUP_PAGE_FD), mapped shared by the core and the supervisor, and so by
@@ -76,7 +75,7 @@
 #define BP_CMD_KILL 3
 
 /* This protocol's version, in HELLO's status (0 in every build before it was sent). */
-#define BP_SUP_PROTOCOL 0x62700004
+#define BP_SUP_PROTOCOL 0x62700003
 
 #define BP_MSG_HELLO 1
 #define BP_MSG_LEADER 2
@@ -84,11 +83,6 @@
 #define BP_MSG_SPAWN_FAILED 4
 #define BP_MSG_EXITED 5
 #define BP_MSG_FINAL 6
-
-/* RUN's `pinned`. */
-#define BP_PIN_NONE 0       /* never pinned: the leader keeps our mask */
-#define BP_PIN_ON 1         /* pinned to the caller's CPU: the leader takes back our first mask */
-#define BP_PIN_OFF 2        /* pinned before, no more: we take back our first mask ourselves */
 
 #define BP_SPEC_INLINE_MAX (48 * 1024)
 
@@ -110,8 +104,8 @@ struct bp_sup_cmd {
     int32_t envc;
     int32_t npaths;
     int32_t ngroups;        /* < 0: unchanged */
-    int32_t pinned;         /* BP_PIN_*: whether the core pins us to its CPU (sup.c,
-                               pin_to_caller), and so who takes back our first mask */
+    int32_t pinned;         /* 1: the core has pinned us to its CPU (sup.c, pin_to_caller):
+                               the leader takes back the CPU mask we started with */
     int64_t uid;
     int64_t gid;
     int64_t spec_len;       /* bytes of the spec: after this header in the same record

@@ -92,7 +92,7 @@ struct bp_sup {
     int broken;             /* dead, unresponsive or tainted: never reuse */
     pid_t owner;            /* the process that started it */
     int cpu;                /* the CPU it is pinned to (pin_to_caller); -1: not pinned */
-    int pin_off;            /* pinning stopped for good (pin_to_caller) */
+    int pin_stay;           /* stays pinned to `cpu` for good (pin_to_caller) */
     int pin_runs, pin_moves;  /* runs and moves of the caller in the current window */
 #ifdef __linux__
     struct bp_origin origin;  /* the starting thread's, when it started */
@@ -585,8 +585,8 @@ static void sup_failed(struct bp_run *run, int how)
 }
 
 /*
- * Keep the supervisor on the CPU the calling thread runs on, and say how
- * (BP_PIN_*).  RUN wakes it just before the caller sleeps; the kernel wakes
+ * Keep the supervisor on the CPU the calling thread runs on, and say whether
+ * it is pinned.  RUN wakes it just before the caller sleeps; the kernel wakes
  * a task on the CPU it last ran on when that CPU is idle, so an unpinned
  * supervisor is woken on the other, idle CPU, through an interprocessor
  * interrupt (under some hypervisors about 40 us a run, twice: RUN and FINAL).
@@ -595,27 +595,27 @@ static void sup_failed(struct bp_run *run, int how)
  * take back the mask it started with (bp_supervisor.h), so a command gets the
  * caller's.
  *
- * That pays only where the caller stays put.  Where FINAL wakes the caller on
- * the other CPU (a kernel that places a woken task on an idle CPU of the same
- * cache, as 6.x ones do under some hypervisors, while the supervisor still
- * runs), following it moves the supervisor after it every run, and the
- * caller's caches go cold each time: measured at 0.2 ms a run of /bin/true
- * on such a machine, against 0.04 ms saved on one that keeps the caller.  So
- * after PIN_MOVES_MAX moves within PIN_WINDOW runs the core stops pinning
- * this supervisor for good (BP_PIN_OFF: it takes back its own mask).
+ * That pays only where the caller stays put.  Some kernels (6.18 under
+ * Firecracker, here) wake the caller at FINAL on an idle CPU of the same
+ * cache rather than where the supervisor still runs: following it then moves
+ * the supervisor after it every run, and the caller's caches go cold each
+ * time (0.2-0.3 ms a run of /bin/true, measured).  So after PIN_MOVES_MAX
+ * moves within PIN_WINDOW runs the core stops following and leaves the
+ * supervisor pinned where it is, for good: the caller settles on another CPU,
+ * and the leaders, born on the supervisor's, run there, away from the
+ * caller's caches (unpinned, the kernel would start each on the caller's idle
+ * CPU: 0.05 ms a run more, measured).
  */
 #define PIN_WINDOW 32
 #define PIN_MOVES_MAX 8
 
 static int pin_to_caller(struct bp_sup *sup)
 {
-    if (sup->pin_off)
-        return BP_PIN_OFF;
-    int cpu = sched_getcpu();
+    int cpu = sup->pin_stay ? -1 : sched_getcpu();
     if (cpu >= 0 && cpu < CPU_SETSIZE && cpu != sup->cpu) {
         if (sup->cpu >= 0 && ++sup->pin_moves >= PIN_MOVES_MAX) {
-            sup->pin_off = 1;
-            return BP_PIN_OFF;
+            sup->pin_stay = 1;
+            return 1;
         }
         cpu_set_t one;
         CPU_ZERO(&one);
@@ -625,7 +625,7 @@ static int pin_to_caller(struct bp_sup *sup)
     }
     if (++sup->pin_runs >= PIN_WINDOW)
         sup->pin_runs = sup->pin_moves = 0;
-    return sup->cpu >= 0 ? BP_PIN_ON : BP_PIN_NONE;
+    return sup->cpu >= 0;
 }
 
 /*

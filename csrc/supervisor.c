@@ -85,7 +85,6 @@ struct sup {
      * stay on our one pinned CPU. */
     unsigned char cpu_mask[8192 / 8];
     long cpu_mask_len;    /* bytes the kernel filled; <= 0: unknown, the leader keeps ours */
-    int unpinned;         /* BP_PIN_OFF came and we took that mask back ourselves */
     /* the current run */
     pid_t leader;
     int new_session;
@@ -507,12 +506,7 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
     a.parent = s->self;
     a.leader_slot = s->page;
     a.hello_fd = s->sock;
-    if (cmd->pinned == BP_PIN_ON)
-        s->unpinned = 0;
-    else if (cmd->pinned == BP_PIN_OFF && !s->unpinned && s->cpu_mask_len > 0
-        && syscall(SYS_sched_setaffinity, 0, (size_t)s->cpu_mask_len, s->cpu_mask) == 0)
-        s->unpinned = 1;  /* once; should it fail, each leader takes the mask back */
-    if (cmd->pinned != BP_PIN_NONE && !s->unpinned && s->cpu_mask_len > 0) {
+    if (cmd->pinned && s->cpu_mask_len > 0) {
         a.cpu_mask = s->cpu_mask;
         a.cpu_mask_len = (size_t)s->cpu_mask_len;
     }
