@@ -79,7 +79,9 @@ struct bp_origin {
      * the thread; run_many's workers start theirs for one call. */
     int personality, ioprio;
     struct rlimit limits[RLIM_NLIMITS];
-    unsigned char affinity[128];  /* the CPU mask, up to 1,024 CPUs */
+    unsigned char affinity[8192 / 8];  /* the CPU mask: room for 8,192 CPUs, the most
+                                        * any kernel configures (with less than its
+                                        * possible CPUs the kernel refuses to fill it) */
     uint32_t sched[14];     /* struct sched_attr (56 bytes): policy, flags, nice, priority */
 };
 #define ORIGIN_WHO_SIZE offsetof(struct bp_origin, personality)
