@@ -193,8 +193,9 @@ class _Supervisor:
 # a change, the next run starts a new one.  The core keeps a supervisor on the CPU
 # its thread runs on (sup.c, pin_to_caller: the hop to it and back is then a context
 # switch, not a wakeup of an idle CPU), unless the kernel keeps moving the thread to
-# another CPU: then it stays where it is, for good.  Its leaders take back the
-# caller's CPU mask.
+# another CPU: then it stays where it is (followed again, on trial, once the thread
+# has run elsewhere for 64 runs in a row, then 128, ...).  Its leaders take back
+# the caller's CPU mask.
 _pool = threading.local()
 _every: weakref.WeakSet[_Supervisor] = weakref.WeakSet()
 _MAX_IDLE = 2

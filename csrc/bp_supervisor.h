@@ -45,7 +45,8 @@
  * thread's at that start (sup.c replaces a thread's own supervisor when that
  * mask changes; a run_many worker's lives for one call, as batch.c says).
  * Where the kernel keeps moving the caller, the core stops following it and
- * the supervisor stays pinned where it is (sup.c, pin_to_caller).
+ * the supervisor stays pinned where it is, following again only on trial
+ * (sup.c, pin_to_caller).
  *
  * The shared page: a memfd of one page, the supervisor's fd 4 at its start
  * (BP_SUP_PAGE_FD), mapped shared by the core and the supervisor, and so by

@@ -94,8 +94,10 @@ struct bp_sup {
     int broken;             /* dead, unresponsive or tainted: never reuse */
     pid_t owner;            /* the process that started it */
     int cpu;                /* the CPU it is pinned to (pin_to_caller); -1: not pinned */
-    int pin_stay;           /* stays pinned to `cpu` for good (pin_to_caller) */
+    int pin_stay;           /* stays pinned to `cpu`, not following (pin_to_caller) */
     int pin_runs, pin_moves;  /* runs and moves of the caller in the current window */
+    int pin_apart, pin_retry;  /* staying: runs in a row the caller ran elsewhere, and
+                                  how many of them bring a trial of following again */
 #ifdef __linux__
     struct bp_origin origin;  /* the starting thread's, when it started */
 #endif
@@ -603,20 +605,43 @@ static void sup_failed(struct bp_run *run, int how)
  * the supervisor after it every run, and the caller's caches go cold each
  * time (0.2-0.3 ms a run of /bin/true, measured).  So after PIN_MOVES_MAX
  * moves within PIN_WINDOW runs the core stops following and leaves the
- * supervisor pinned where it is, for good: the caller settles on another CPU,
+ * supervisor pinned where it is: the caller settles on another CPU,
  * and the leaders, born on the supervisor's, run there, away from the
  * caller's caches (unpinned, the kernel would start each on the caller's idle
  * CPU: 0.05 ms a run more, measured).
+ *
+ * Moves can also come from a passing load (other busy threads) on a machine
+ * where following pays.  So a caller that has then run apart from its
+ * supervisor for pin_retry runs in a row is followed again, on trial: 64 runs
+ * after the first stop, twice as many after each next one.  Where the moves
+ * come back, a trial costs PIN_MOVES_MAX runs of chasing, ever more rarely.
  */
 #define PIN_WINDOW 32
 #define PIN_MOVES_MAX 8
+#define PIN_RETRY_FIRST 64
+#define PIN_RETRY_MAX (1 << 20)
 
 static int pin_to_caller(struct bp_sup *sup)
 {
-    int cpu = sup->pin_stay ? -1 : sched_getcpu();
+    int cpu = sched_getcpu();
+    if (sup->pin_stay) {
+        if (cpu == sup->cpu) {
+            sup->pin_apart = 0;
+            return 1;
+        }
+        if (++sup->pin_apart < sup->pin_retry)
+            return 1;
+        sup->pin_stay = 0;  /* follow it again, on trial */
+        sup->pin_runs = sup->pin_moves = sup->pin_apart = 0;
+        if (sup->pin_retry < PIN_RETRY_MAX)
+            sup->pin_retry *= 2;
+    }
     if (cpu >= 0 && cpu < CPU_SETSIZE && cpu != sup->cpu) {
         if (sup->cpu >= 0 && ++sup->pin_moves >= PIN_MOVES_MAX) {
             sup->pin_stay = 1;
+            sup->pin_apart = 0;
+            if (sup->pin_retry == 0)
+                sup->pin_retry = PIN_RETRY_FIRST;
             return 1;
         }
         cpu_set_t one;

@@ -296,6 +296,39 @@ def test_a_supervisor_stops_following_a_caller_that_keeps_moving_cpus() -> None:
     assert len({tuple(p) for p in pins[-12:]}) == 1, got  # then stayed put
 
 
+def test_a_supervisor_follows_again_a_caller_that_settled_on_another_cpu() -> None:
+    """The moves that stopped the following may have come from a passing load, on a
+    machine where following pays: once the caller has run on one other CPU for 64 runs
+    in a row, the core follows it again, on trial, with the same supervisor."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: nowhere to move")
+    got = child("""
+        from boundedproc import _native
+        full = os.sched_getaffinity(0)
+        cpus = sorted(full)
+        def hop(cpu):
+            os.sched_setaffinity(0, {cpu})
+            os.sched_setaffinity(0, full)
+        for i in range(16):  # 8 moves stop the following
+            hop(cpus[i % 2])
+            run(["true"], timeout=20)
+        sup = _native._pool.idle[0]
+        stayed = sorted(os.sched_getaffinity(sup.pid))
+        other = cpus[1] if stayed == [cpus[0]] else cpus[0]
+        pins = []
+        for _ in range(80):
+            hop(other)
+            run(["true"], timeout=20)
+            pins.append(sorted(os.sched_getaffinity(_native._pool.idle[0].pid)))
+        print(json.dumps(dict(stayed=stayed, other=other, pins=pins,
+                              same=_native._pool.idle[0].pid == sup.pid)))
+    """)
+    assert got["same"], got
+    assert len(got["stayed"]) == 1, got
+    assert all(p == got["stayed"] for p in got["pins"][:60]), got  # not yet: fewer than 64
+    assert got["pins"][-1] == [got["other"]], got  # then followed again
+
+
 def test_ids_dropped_after_a_contained_run_reach_the_next_command() -> None:
     """A root caller that becomes nobody after a contained run: the next contained command
     runs as nobody (the root supervisor is not reused), as an uncontained one does."""
