@@ -323,9 +323,10 @@ def validate(
     """Check every option of ``run()`` and return them as ``Options``.
 
     Options made only of plain values (no payload, env, cancel, limits,
-    callback or fd object, and not ``contain=True``, whose answer can change)
-    are remembered, keyed by each value and its type, so a loop of runs with
-    the same options validates them once.
+    callback or fd object) are remembered, keyed by each value and its type,
+    so a loop of runs with the same options validates them once.  Options with
+    ``contain=True`` are looked up only while containment is available: once
+    the system has refused it, they raise again.
 
     Raises:
         TypeError: an option of the wrong type.
@@ -334,7 +335,7 @@ def validate(
     """
     key: tuple[object, ...] | None = None
     if (stdin is None and env is None and cancel is None and limits is None
-            and on_output is None and contain is not True
+            and on_output is None and (contain is not True or _native.CONTAIN_SUPPORTED)
             and type(stdout) is Stream and type(stderr) is Stream):
         plain = (timeout, max_output, on_overflow, cwd, env_mode, merge_stderr, text,
                  kill_grace, drain_grace, contain, keep, stdout, stderr, user, group, tmpdir,

@@ -824,6 +824,42 @@ def test_supervisor_program_of_another_build(tmp_path: Path) -> None:
         assert took < 3, took
 
 
+def test_contain_true_is_validated_once_while_available_and_refused_after(
+        tmp_path: Path) -> None:
+    """Options with contain=True are remembered like other plain options (a loop of runs
+    validates them once), but only while containment is available: once the system has
+    refused the supervisor, contain=True raises again, as on its first use."""
+    blocked = tmp_path / "_bp_supervisor"
+    blocked.write_bytes(b"not a program")
+    blocked.chmod(0o644)
+    out = child_python(f"""
+        import inspect, json, warnings
+        from boundedproc import _native, run
+        from boundedproc._options import validate
+        opts = {{n: p.default for n, p in inspect.signature(run).parameters.items()
+                 if n not in ("cmd", "shell") and p.kind is p.KEYWORD_ONLY}}
+        opts["contain"] = True
+        same = validate(**opts) is validate(**opts)
+        first = run(["echo", "hi"], contain=True).stdout.decode()
+        _native.SUPERVISOR_PATH = {str(blocked)!r}
+        _native._pool.idle.clear()  # the next run starts a supervisor, which is refused
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run(["echo", "hi"])
+        try:
+            run(["echo", "hi"], contain=True)
+            after = "ran"
+        except ValueError as err:
+            after = str(err)
+        print(json.dumps(dict(same=same, first=first, after=after)))
+    """)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["same"] is True, data
+    assert data["first"] == "hi\n", data
+    assert data["after"].startswith("contain=True is not available"), data
+
+
 def test_supervisor_program_that_cannot_be_executed(tmp_path: Path) -> None:
     """The supervisor program cannot be executed (EACCES): contain=True is a spawn failure that
     names the supervisor, never the command; contain=None warns once and runs uncontained."""
