@@ -633,15 +633,13 @@ static int pin_to_caller(struct bp_sup *sup)
             return 1;
         sup->pin_stay = 0;  /* follow it again, on trial */
         sup->pin_runs = sup->pin_moves = sup->pin_apart = 0;
-        if (sup->pin_retry < PIN_RETRY_MAX)
-            sup->pin_retry *= 2;
     }
     if (cpu >= 0 && cpu < CPU_SETSIZE && cpu != sup->cpu) {
         if (sup->cpu >= 0 && ++sup->pin_moves >= PIN_MOVES_MAX) {
-            sup->pin_stay = 1;
-            sup->pin_apart = 0;
-            if (sup->pin_retry == 0)
-                sup->pin_retry = PIN_RETRY_FIRST;
+            sup->pin_stay = 1;  /* pin_apart is 0: it counts only while staying */
+            sup->pin_retry = sup->pin_retry == 0 ? PIN_RETRY_FIRST
+                             : sup->pin_retry < PIN_RETRY_MAX ? 2 * sup->pin_retry
+                             : PIN_RETRY_MAX;
             return 1;
         }
         cpu_set_t one;
