@@ -267,7 +267,8 @@ def test_a_supervisor_stops_following_a_caller_that_keeps_moving_cpus() -> None:
     """Where the kernel keeps waking the caller on another CPU, pinning the supervisor
     after it would move both every run (caches cold each time, 0.2-0.3 ms a run
     measured): after a few such moves the core leaves that supervisor pinned where it
-    is, for good, and commands still get the caller's mask, from the same supervisor.
+    is (until the caller settles elsewhere: the next test), and commands still get the
+    caller's mask, from the same supervisor.
     The caller is moved here by hand: to one CPU, then its whole mask back (it stays
     put, and its mask, which a supervisor must match, is unchanged at each run)."""
     if len(os.sched_getaffinity(0)) < 2:
