@@ -99,17 +99,19 @@ def pieces(calls: int) -> list[tuple[str, float]]:
     rows.append(("  _command.exec_paths", per_call(lambda: _command.exec_paths(b"/bin/true",
                                                                                b"/usr/bin"),
                                                    calls)))
-    rows.append(("  NativeSpec(...) alone",
-                 per_call(lambda: _native.NativeSpec(**{f: getattr(prepared.spec, f) for f in
-                                                        _native.NativeSpec.__slots__}),
-                          calls)))
+    spec_fields = {f: getattr(prepared.spec, f) for f in _native.NativeSpec.__slots__}
+    rows.append(("  NativeSpec(...) by keyword (a first run of its options)",
+                 per_call(lambda: _native.NativeSpec(**spec_fields), calls)))
+    positional = tuple(spec_fields.values())
+    rows.append(("  NativeSpec(...) from the options' memo (positional)",
+                 per_call(lambda: _native.NativeSpec(*positional), calls)))
     rows.append(("_run._to_result (Result from an outcome)",
                  per_call(lambda: _run._to_result(out, prepared, started), calls)))
     rows.append(("  tuple(text_arg(a)) for args",
                  per_call(lambda: tuple(_command.text_arg(a) for a in prepared.args), calls)))
-    fields = {f: getattr(out, f) for f in _native.NativeOutcome.__slots__}
-    rows.append(("NativeOutcome(...) alone", per_call(lambda: _native.NativeOutcome(**fields),
-                                                      calls)))
+    outcome = tuple(getattr(out, f) for f in _native.NativeOutcome.__slots__)
+    rows.append(("NativeOutcome(...) alone (positional)",
+                 per_call(lambda: _native.NativeOutcome(*outcome), calls)))
 
     # _native.execute's own Python: spec struct, supervisor pool, wakeup fd.
     spec = prepared.spec

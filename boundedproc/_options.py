@@ -12,8 +12,8 @@ import math
 import os
 import signal
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Literal, Protocol, Union
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, Union
 
 from boundedproc import _native
 from boundedproc._cancel import Cancel
@@ -249,6 +249,11 @@ class Options:
     new_session: bool = True
     kill_grace_never: bool = False  # escalate only after the leader exits (timeout(1))
     not_spawned: str | None = None  # content no process can get (Unencodable's text)
+    # _run.prepare's memo, set once there: the containment it was made for and the fields
+    # of a NativeSpec these options alone decide.  Not an option: never compared, and a
+    # dataclasses.replace() starts without it.
+    spec_tail: tuple[bool, tuple[Any, ...]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
 
 class Unencodable(ValueError):

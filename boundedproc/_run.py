@@ -10,11 +10,12 @@ together and turns the core's outcome into a ``Result``.
 from __future__ import annotations
 
 import errno
+import operator
 import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, overload
 
 from boundedproc import _command, _ids, _native, _tmpdir
@@ -37,7 +38,7 @@ from boundedproc._options import (
     to_ns,
     validate,
 )
-from boundedproc._result import AnyResult, Result
+from boundedproc._result import AnyResult, Result, make_result
 
 __all__ = ["DEFAULT_MAX_OUTPUT", "DEFAULT_TIMEOUT", "Cancel", "Limits", "run"]
 
@@ -52,11 +53,14 @@ def _devnull() -> int:
     return _DEVNULL_FD
 
 
+DEVNULL_FD, INHERIT_FD = -2, -3  # the stream target codes of DEVNULL and INHERIT (Options)
+
+
 def _child_fd(code: int, inherit: int) -> int:
     """The fd the core gives the child for a validated stream target code."""
-    if code == -2:
+    if code == DEVNULL_FD:
         return _devnull()
-    if code == -3:
+    if code == INHERIT_FD:
         try:
             os.fstat(inherit)
         except OSError:  # the caller's own is closed: so is the child's
@@ -65,9 +69,12 @@ def _child_fd(code: int, inherit: int) -> int:
     return code
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Prepared:
     """A run ready for the core: the spec, and what the result needs to be built.
+
+    Never changed once made (``dataclasses.replace`` makes a new one); not frozen only
+    because a frozen ``__init__`` costs a microsecond a run.
 
     ``ids`` are the resolved ``user=``/``group=`` (``_ids.NO_CHANGE`` without
     them); ``runner_error`` is a whole ``spawn failed: ...`` text for a run
@@ -114,11 +121,17 @@ def prepare(cmd: object, shell: object, options: Options) -> Prepared:
     ids = _ids.resolve(options.user, options.group)
     if isinstance(ids, _ids.Unresolved):
         return Prepared(args, options, None, runner_error=ids.runner_error)
-    soft, hard = options.limits.native() if options.limits is not None else NO_LIMITS
     contain = _native.contain_default() if options.contain is None else options.contain
+    cancel_fd2 = -1 if also_cancel is None else also_cancel.fileno()
+    paths = _command.exec_paths(args[0], child_path)
+    memo = options.spec_tail
+    if memo is not None and memo[0] is contain:
+        return Prepared(args, options, _native.NativeSpec(args, paths, envp, cancel_fd2, *memo[1]),
+                        ids=ids)
+    soft, hard = options.limits.native() if options.limits is not None else NO_LIMITS
     spec = _native.NativeSpec(
         argv=args,
-        exec_paths=_command.exec_paths(args[0], child_path),
+        exec_paths=paths,
         envp=envp,
         cwd=options.cwd,
         stdin=options.payload,
@@ -127,7 +140,7 @@ def prepare(cmd: object, shell: object, options: Options) -> Prepared:
         overflow_kill=options.overflow_kill,
         merge_stderr=options.merge_stderr,
         cancel_fd=-1 if options.cancel is None else options.cancel.fileno(),
-        cancel_fd2=-1 if also_cancel is None else also_cancel.fileno(),
+        cancel_fd2=cancel_fd2,
         kill_grace_ns=-1 if options.kill_grace_never else grace_ns(options.kill_grace),
         drain_grace_ns=grace_ns(options.drain_grace),
         rlimits_soft=soft,
@@ -144,7 +157,18 @@ def prepare(cmd: object, shell: object, options: Options) -> Prepared:
         groups=None if ids.groups is None else tuple(ids.groups),
         keep=_native.KEEP_MODES[options.keep],
     )
+    # The fields after NativeSpec.PER_RUN come from the options alone, unless they name a
+    # user or group (looked up at each run) or an inherited stream (checked open at each
+    # run): kept on the options, the next run with the same (validate remembers plain
+    # options) passes them as they are.  Building them anew was most of prepare()'s time.
+    if ids is _ids.NO_CHANGE and INHERIT_FD not in (options.stdin_fd, options.stdout_fd,
+                                                    options.stderr_fd):
+        object.__setattr__(options, "spec_tail", (contain, _spec_tail(spec)))
     return Prepared(args, options, spec, ids=ids)
+
+
+_spec_tail = operator.attrgetter(
+    *[f.name for f in fields(_native.NativeSpec)][_native.NativeSpec.PER_RUN:])
 
 
 def execute(prepared: Prepared, started: float,
@@ -459,30 +483,32 @@ def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes 
 def _to_result(out: _native.NativeOutcome, prepared: Prepared, started: float,
                duration: float | None = None) -> AnyResult:
     opts = prepared.options
-    # Built here in one call, not through _make: this runs once a command, and at scale
-    # the caller's CPU a run counts (benchmarks/README.md, "The Python side of a run").
-    return Result(
-        args=tuple([text_arg(a) for a in prepared.args]),
-        exit_code=out.exit_code,
-        stdout=_output(out.stdout, opts.text),
-        stderr=_output(out.stderr, opts.text),
-        timed_out=out.timed_out,
-        cancelled=out.cancelled,
-        output_truncated=out.output_truncated,
-        escaped=out.escaped or out.unkilled > 0,
-        spawned=out.spawned,
-        stdin_delivered=out.stdin_delivered,
-        runner_error=_runner_error(out, prepared.args,
-                                   prepared.spec.cwd if prepared.spec else opts.cwd, opts),
-        term_signal=out.term_signal or None,
-        pid=out.pid if out.spawned else None,
-        duration=time.monotonic() - started if duration is None else duration,
-        output_bytes=out.output_bytes,
-        user_time=out.user_time,
-        system_time=out.system_time,
-        max_rss=out.max_rss,
-        stdout_omitted=out.stdout_omitted,
-        stderr_omitted=out.stderr_omitted,
-        stdout_gap=out.stdout_gap,
-        stderr_gap=out.stderr_gap,
+    # Built here in one positional call (every field of Result, in its order), not through
+    # _make: this runs once a command, and at scale the caller's CPU a run counts
+    # (benchmarks/README.md, "The Python side of a run"); a test checks each field.
+    return make_result(
+        tuple([text_arg(a) for a in prepared.args]),  # args
+        out.exit_code,
+        _output(out.stdout, opts.text),
+        _output(out.stderr, opts.text),
+        out.timed_out,
+        out.cancelled,
+        out.output_truncated,
+        out.escaped or out.unkilled > 0,  # escaped
+        out.spawned,
+        out.stdin_delivered,
+        _runner_error(out, prepared.args, prepared.spec.cwd if prepared.spec else opts.cwd,
+                      opts),  # runner_error
+        out.term_signal or None,  # term_signal
+        out.pid if out.spawned else None,  # pid
+        time.monotonic() - started if duration is None else duration,  # duration
+        out.output_bytes,
+        out.user_time,
+        out.system_time,
+        out.max_rss,
+        out.stdout_omitted,
+        out.stderr_omitted,
+        out.stdout_gap,
+        out.stderr_gap,
+        None,  # cleanup_error
     )

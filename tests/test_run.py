@@ -627,6 +627,135 @@ def test_thread_exit_watch_fallback() -> None:
     assert quick.exit_code == 7 and not quick.timed_out
 
 
+def _run_options(**overrides: object) -> object:
+    """validate()'s Options for run()'s defaults with `overrides`."""
+    import inspect
+
+    from boundedproc import _options
+    names = set(inspect.signature(_options.validate).parameters)
+    kw = {n: p.default for n, p in inspect.signature(run).parameters.items() if n in names}
+    return _options.validate(**{**kw, **overrides})
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, {"timeout": 3.5, "max_output": 7, "on_overflow": "kill", "merge_stderr": True},
+    {"stdout": boundedproc.DEVNULL, "keep": "tail", "kill_grace": 0.25, "drain_grace": 0.5},
+    {"limits": boundedproc.Limits(cpu_seconds=5, open_files=64), "cwd": "/", "stdin": b"in"},
+    {"contain": False, "env": {"BP_SPEC_TEST": "1"}},
+])
+def test_a_runs_spec_is_the_same_when_prepared_again_with_the_same_options(
+        overrides: dict[str, object]) -> None:
+    """prepare() builds a run's spec from its options once, and keeps the fields the options
+    alone decide on them: a later run with the same options gets a spec equal, field by
+    field, to one built anew (a positional slip would move a value into another field)."""
+    from dataclasses import fields
+
+    from boundedproc import _cancel, _native, _run
+    names = [f.name for f in fields(_native.NativeSpec)]
+    options = _run_options(**overrides)
+    first = _run.prepare(["/bin/true"], False, options)
+    assert options.spec_tail is not None  # type: ignore[attr-defined]
+    with Cancel() as also:
+        also_fd = also.fileno()
+        token = _cancel.ALSO_CANCEL.set(also)
+        try:
+            again = _run.prepare(["/bin/echo", "x"], False, options)
+        finally:
+            _cancel.ALSO_CANCEL.reset(token)
+        fresh = _run.prepare(["/bin/echo", "x"], False, _unseen_copy(options))
+    assert first.spec is not None and again.spec is not None
+    want = {n: getattr(first.spec, n) for n in names}
+    want.update(argv=[b"/bin/echo", b"x"], exec_paths=[b"/bin/echo"], cancel_fd2=also_fd)
+    assert {n: getattr(again.spec, n) for n in names} == want
+    assert fresh.spec is not None
+    assert {n: getattr(fresh.spec, n) for n in names} == {**want, "cancel_fd2": -1}
+
+
+def _unseen_copy(options: object) -> object:
+    """A copy of `options` that prepare() has not seen (dataclasses.replace drops the memo)."""
+    from dataclasses import replace
+    copy = replace(options)  # type: ignore[type-var]
+    assert copy.spec_tail is None  # type: ignore[attr-defined]
+    return copy
+
+
+def test_a_spec_from_remembered_options_follows_containment_and_per_run_lookups() -> None:
+    """What the options alone do not decide is never taken from an earlier run: whether
+    contain=None means contained (the system may refuse the supervisor meanwhile), and the
+    streams and ids looked up at each run (INHERIT, user=)."""
+    from boundedproc import _native, _run
+    options = _run_options()
+    assert _run.prepare(["/bin/true"], False, options).spec.contain is _native.CONTAIN_SUPPORTED
+    saved = _native.CONTAIN_SUPPORTED
+    _native.CONTAIN_SUPPORTED = not saved
+    try:
+        flipped = _run.prepare(["/bin/true"], False, options).spec
+    finally:
+        _native.CONTAIN_SUPPORTED = saved
+    assert flipped is not None and flipped.contain is (not saved)
+    for per_run in ({"stdin": boundedproc.INHERIT}, {"user": os.getuid()}):
+        options = _run_options(**per_run)
+        assert _run.prepare(["/bin/true"], False, options).spec is not None
+        assert options.spec_tail is None, per_run  # type: ignore[attr-defined]
+
+
+def test_a_result_and_an_outcome_carry_every_field_of_what_they_are_built_from() -> None:
+    """The core's report becomes a NativeOutcome, and that a Result, in positional calls:
+    each field, set to a value no other field has, lands where its name says."""
+    import types
+    from dataclasses import fields, replace
+
+    from boundedproc import _native, _run
+    ints = {"pid": 11, "exit_code": 12, "term_signal": 13, "stdin_written": 14, "err_stage": 0,
+            "err_errno": 16, "output_bytes": 17, "max_rss": 18, "exit_watch": 19,
+            "unkilled": 0, "stdout_read": 21, "stderr_read": 22, "stdout_gap": 23,
+            "stderr_gap": 24, "raw_exit_code": 25, "stdout_len": 0, "stderr_len": 0,
+            "runner_failed": _native.lib.BP_RUNNER_OK, "runner_status": -1}
+    flags = ("spawned", "timed_out", "cancelled", "output_truncated", "escaped",
+             "stdin_delivered")
+    for flag in (*flags, None):
+        res = types.SimpleNamespace(**ints, **{f: int(f == flag) for f in flags},
+                                    user_time=0.5, system_time=0.25)
+        out = _native._outcome(_native.ffi.NULL, res, 0)
+        assert {f: getattr(out, f) for f in flags} == {f: f == flag for f in flags}
+        assert (out.pid, out.exit_code, out.term_signal, out.stdin_written, out.err_errno,
+                out.output_bytes, out.max_rss, out.exit_watch, out.raw_exit_code,
+                out.stdout_omitted, out.stderr_omitted, out.stdout_gap, out.stderr_gap,
+                out.user_time, out.system_time, out.stdout, out.stderr, out.runner_failure
+                ) == (11, 12, 13, 14, 16, 17, 18, 19, 25, 21, 22, 23, 24, 0.5, 0.25, b"", b"",
+                      None)
+        prepared = _run.prepare(["/bin/true"], False, _run_options())
+        out = replace(out, stdout=b"o", stderr=b"e", stdin_delivered=True)
+        result = _run._to_result(out, prepared, 0.0, duration=1.5)
+        shown = {f: getattr(out, f) for f in ("exit_code", "stdout", "stderr", "timed_out",
+                                              "cancelled", "output_truncated", "escaped",
+                                              "spawned", "stdin_delivered", "output_bytes",
+                                              "user_time", "system_time", "max_rss",
+                                              "stdout_omitted", "stderr_omitted",
+                                              "stdout_gap", "stderr_gap")}
+        assert {f: getattr(result, f) for f in shown} == shown, flag
+        assert (result.args, result.term_signal, result.pid, result.duration,
+                result.runner_error, result.cleanup_error) == (
+            ("/bin/true",), 13, 11 if flag == "spawned" else None, 1.5, None, None)
+        assert len(fields(result)) == len(shown) + 6
+
+
+def test_a_runs_result_is_a_frozen_result_like_one_built_by_keyword() -> None:
+    """run()'s result is made in an unfrozen twin of Result that then becomes one: it is a
+    Result in every way a caller can look (type, frozen, equality, hash, replace, pickle)."""
+    import dataclasses
+
+    result = run(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert type(result) is Result and isinstance(result, Result)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.exit_code = 0  # type: ignore[misc]
+    built = Result(**{f.name: getattr(result, f.name) for f in dataclasses.fields(Result)})
+    assert built == result and hash(built) == hash(result) and repr(built) == repr(result)
+    assert dataclasses.replace(result, exit_code=4) == dataclasses.replace(built, exit_code=4)
+    assert pickle.loads(pickle.dumps(result)) == result
+    assert (result.exit_code, result.stdout, result.stderr) == (3, b"out\n", b"err\n")
+
+
 def test_spec_struct_has_each_runs_own_values() -> None:
     """The C spec of a run carries its own options even right after a run with other ones
     (the plain values are copied from a struct shared by runs with the same ones)."""
