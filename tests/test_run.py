@@ -682,7 +682,7 @@ def _unseen_copy(options: object) -> object:
 def test_a_spec_from_remembered_options_follows_containment_and_per_run_lookups() -> None:
     """What the options alone do not decide is never taken from an earlier run: whether
     contain=None means contained (the system may refuse the supervisor meanwhile), and the
-    streams and ids looked up at each run (INHERIT, user=)."""
+    streams and ids looked up at each run (INHERIT, user=, group=)."""
     from boundedproc import _native, _run
     options = _run_options()
     assert _run.prepare(["/bin/true"], False, options).spec.contain is _native.CONTAIN_SUPPORTED
@@ -693,7 +693,7 @@ def test_a_spec_from_remembered_options_follows_containment_and_per_run_lookups(
     finally:
         _native.CONTAIN_SUPPORTED = saved
     assert flipped is not None and flipped.contain is (not saved)
-    for per_run in ({"stdin": boundedproc.INHERIT}, {"user": os.getuid()}):
+    for per_run in ({"stdin": boundedproc.INHERIT}, {"group": os.getgid()}):
         options = _run_options(**per_run)
         assert _run.prepare(["/bin/true"], False, options).spec is not None
         assert options.spec_tail is None, per_run  # type: ignore[attr-defined]
