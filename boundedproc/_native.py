@@ -757,7 +757,7 @@ def _outcome(run: Any, res: Any, sup_pid: int) -> NativeOutcome:
     stdout = _take(run, lib.BP_STDOUT, res.stdout_len)
     stderr = _take(run, lib.BP_STDERR, res.stderr_len)
     # One positional call in NativeOutcome's field order: a keyword call of 26 costs a
-    # microsecond more a run (a test compares the two).
+    # microsecond more a run (a test checks that each field lands where its name says).
     return NativeOutcome(
         bool(res.spawned),
         res.pid,

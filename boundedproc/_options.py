@@ -177,6 +177,9 @@ def grace_ns(value: float) -> int:
 #: fails with EBADF and the run is a ``spawn failed: EBADF`` result.
 NOT_AN_FD = 2**31 - 1
 
+#: The stream target codes of ``DEVNULL`` and ``INHERIT`` in ``Options`` (``stdio_fd``).
+DEVNULL_CODE, INHERIT_CODE = -2, -3
+
 
 def stdio_fd(name: str, value: object) -> int:
     """The core's fd for a stream target: -1 for ``CAPTURE``, else the child's fd.
@@ -193,9 +196,9 @@ def stdio_fd(name: str, value: object) -> int:
     if value is CAPTURE:
         return -1
     if value is DEVNULL:
-        return -2
+        return DEVNULL_CODE
     if value is INHERIT:
-        return -3
+        return INHERIT_CODE
     if isinstance(value, bool):
         raise TypeError(f"{name} must be CAPTURE, DEVNULL, INHERIT, an fd or an object with "
                         f"fileno(), not {value!r}")
@@ -407,9 +410,9 @@ def _validate(*, timeout: object, max_output: object, on_overflow: object, stdin
     elif isinstance(stdin, (bytes, bytearray, memoryview)):
         payload = bytes(stdin)
     elif stdin is DEVNULL:
-        stdin_fd = -2
+        stdin_fd = DEVNULL_CODE
     elif stdin is INHERIT:
-        stdin_fd = -3
+        stdin_fd = INHERIT_CODE
     elif isinstance(stdin, int) and not isinstance(stdin, bool) and stdin in _SUBPROCESS_CONSTANTS:
         raise TypeError(f"stdin={stdin} is {_SUBPROCESS_CONSTANTS[stdin]}")
     else:

@@ -25,6 +25,8 @@ from boundedproc._options import (
     CAPTURE,
     DEFAULT_MAX_OUTPUT,
     DEFAULT_TIMEOUT,
+    DEVNULL_CODE,
+    INHERIT_CODE,
     NO_LIMITS,
     NOT_AN_FD,
     Keep,
@@ -53,14 +55,11 @@ def _devnull() -> int:
     return _DEVNULL_FD
 
 
-DEVNULL_FD, INHERIT_FD = -2, -3  # the stream target codes of DEVNULL and INHERIT (Options)
-
-
 def _child_fd(code: int, inherit: int) -> int:
     """The fd the core gives the child for a validated stream target code."""
-    if code == DEVNULL_FD:
+    if code == DEVNULL_CODE:
         return _devnull()
-    if code == INHERIT_FD:
+    if code == INHERIT_CODE:
         try:
             os.fstat(inherit)
         except OSError:  # the caller's own is closed: so is the child's
@@ -161,8 +160,8 @@ def prepare(cmd: object, shell: object, options: Options) -> Prepared:
     # user or group (looked up at each run) or an inherited stream (checked open at each
     # run): kept on the options, the next run with the same (validate remembers plain
     # options) passes them as they are.  Building them anew was most of prepare()'s time.
-    if ids is _ids.NO_CHANGE and INHERIT_FD not in (options.stdin_fd, options.stdout_fd,
-                                                    options.stderr_fd):
+    if ids is _ids.NO_CHANGE and INHERIT_CODE not in (options.stdin_fd, options.stdout_fd,
+                                                      options.stderr_fd):
         object.__setattr__(options, "spec_tail", (contain, _spec_tail(spec)))
     return Prepared(args, options, spec, ids=ids)
 
