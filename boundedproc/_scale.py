@@ -37,8 +37,10 @@ N      run_async (thread per run)  asyncio.create_subprocess_exec
 The fd-watching alternative is no cheaper in threads on this Python: 3.11's
 default child watcher (``ThreadedChildWatcher``) waits for every child on a
 thread of its own.  A thread costs about 33 KiB of RSS here, plus a Cancel's
-two pipe fds for the task-cancel switch.  Pool threads stay (idle, blocked on
-a queue) after a burst, as asyncio's default executor's do.
+two pipe fds for the task-cancel switch.  A pool thread that has no work for
+``ASYNC_IDLE_SECONDS`` ends, and the supervisor it kept for contained runs
+with it; work goes to the thread idle the shortest time, so after a burst a
+steady trickle keeps a few threads warm and the rest end (``_pool.py``).
 
 ``run_many``: the core's own threads
 ------------------------------------
@@ -76,7 +78,6 @@ import time
 import types
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
@@ -95,19 +96,27 @@ from boundedproc._options import (
     StdioTarget,
     validate,
 )
+from boundedproc._pool import IdlePool
 from boundedproc._result import AnyResult, ProcessFailed, Result
 from boundedproc._run import run, unknown_keyword
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["ASYNC_MAX_THREADS", "Job", "JobOptions", "run_async", "run_many"]
+__all__ = ["ASYNC_IDLE_SECONDS", "ASYNC_MAX_THREADS", "Job", "JobOptions", "run_async", "run_many"]
 
 #: Most threads ``run_async`` uses at once; more concurrent calls queue.
 ASYNC_MAX_THREADS = 512
 
+#: Seconds a ``run_async`` thread waits for more work before it ends (with its supervisor).
+#: Runs awaited back to back, or a few at a time, keep reusing the same threads; a thread
+#: started again after a longer pause costs about a millisecond (thread and supervisor),
+#: small beside a pause that long.
+ASYNC_IDLE_SECONDS = 2.0
+
 _pool_lock = threading.Lock()
-_async_pool: ThreadPoolExecutor | None = None
+_async_pool: IdlePool | None = None
+_close_registered = False
 _dry_switch: Cancel | None = None
 
 
@@ -125,12 +134,29 @@ def _forget_pool_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
-def _async_executor() -> ThreadPoolExecutor:
-    global _async_pool
+def _close_async_pool() -> None:
+    # At interpreter exit, before its threads are joined: the idle ones end now.  One
+    # function registered once, closing whichever pool this process has (after a fork,
+    # the child's own: it inherits the registration, not the parent's pool).
+    pool = _async_pool
+    if pool is not None:
+        pool.close()
+
+
+def _async_executor() -> IdlePool:
+    global _async_pool, _close_registered
     with _pool_lock:
         if _async_pool is None:
-            _async_pool = ThreadPoolExecutor(max_workers=ASYNC_MAX_THREADS,
-                                             thread_name_prefix="boundedproc-async")
+            pool = IdlePool(ASYNC_MAX_THREADS, ASYNC_IDLE_SECONDS, "boundedproc-async")
+            if not _close_registered:
+                try:
+                    # What concurrent.futures uses for the same purpose: called before
+                    # non-daemon threads are joined (atexit runs after, too late).
+                    threading._register_atexit(_close_async_pool)  # type: ignore[attr-defined]
+                except RuntimeError:  # the interpreter is already shutting down
+                    pool.close()
+                _close_registered = True
+            _async_pool = pool
         return _async_pool
 
 
@@ -328,7 +354,8 @@ async def run_async(
         switch = Cancel()
     except OSError as err:  # out of fds: run() would report the same, not raise
         return _no_switch_result(dry, err)
-    future = loop.run_in_executor(_async_executor(), _run_watching, switch, cmd, options)
+    future = asyncio.wrap_future(
+        _async_executor().submit(_run_watching, switch, cmd, options), loop=loop)
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import os
 import resource
+import select
 import signal
 import subprocess
 import sys
@@ -19,9 +20,11 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import SIGINT_PRELUDE, UNDER_ASAN, wait_dead, wait_for_pids
+from conftest import SIGINT_PRELUDE, UNDER_ASAN, fork_with_threads, wait_dead, wait_for_pids
 
-from boundedproc import CANCEL_EXIT_CODE, Cancel, Job, ProcessFailed, Result
+from boundedproc import CANCEL_EXIT_CODE, Cancel, Job, ProcessFailed, Result, _scale
+from boundedproc._native import CONTAIN_SUPPORTED
+from boundedproc._pool import IdlePool
 from boundedproc._scale import run_async, run_many
 
 PY = sys.executable
@@ -526,6 +529,165 @@ def test_run_async_many_at_once_all_succeed() -> None:
     results = asyncio.run(main())
     assert [r.stdout for r in results] == [f"{k}\n".encode() for k in range(200)]
     assert len({r.pid for r in results}) == 200
+
+
+def _async_threads() -> int:
+    return sum(t.name.startswith("boundedproc-async") for t in threading.enumerate())
+
+
+def _supervisors() -> int:
+    count = 0
+    for proc in psutil.Process().children():
+        try:
+            count += proc.name() == "_bp_supervisor"
+        except psutil.NoSuchProcess:
+            pass
+    return count
+
+
+def _end_async_pool() -> None:
+    pool, _scale._async_pool = _scale._async_pool, None
+    if pool is not None:
+        pool.close()  # its idle threads end now, their supervisors with them
+    assert _wait_until(lambda: _async_threads() == 0)
+
+
+@pytest.fixture
+def fresh_async_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """run_async's pool started anew for the test (none of its threads left from earlier
+    tests), with idle threads ending after 0.3 s; ended again after the test."""
+    _end_async_pool()
+    monkeypatch.setattr(_scale, "ASYNC_IDLE_SECONDS", 0.3)
+    yield
+    _end_async_pool()
+
+
+def _wait_until(check: Any, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.skipif(not CONTAIN_SUPPORTED, reason="no containment supervisor here")
+def test_run_async_threads_and_their_supervisors_end_once_idle_after_a_burst(
+        fresh_async_pool: None) -> None:
+    """A burst of 16 contained runs starts 16 threads and 16 supervisors; idle, all end."""
+    threads, supervisors = _async_threads(), _supervisors()
+    n = 16
+    during: list[tuple[int, int]] = []
+
+    async def main() -> list[Result[bytes]]:
+        runs = asyncio.gather(*(run_async(["sleep", "0.5"], timeout=30) for _ in range(n)))
+        await asyncio.sleep(0.3)  # all running
+        during.append((_async_threads(), _supervisors()))
+        return list(await runs)
+
+    assert all(r.ok for r in asyncio.run(main()))
+    assert during == [(threads + n, supervisors + n)]
+    assert _wait_until(lambda: (_async_threads(), _supervisors()) == (threads, supervisors)), \
+        f"left: {_async_threads() - threads} threads, {_supervisors() - supervisors} supervisors"
+
+
+@pytest.mark.skipif(not CONTAIN_SUPPORTED, reason="no containment supervisor here")
+def test_run_async_reuses_the_last_idle_threads_so_the_rest_end(fresh_async_pool: None) -> None:
+    """After a burst of 8, two runs at a time for 1.5 s keep two threads, not all eight."""
+    async def main() -> list[int]:
+        await asyncio.gather(*(run_async(["sleep", "0.2"], timeout=30) for _ in range(8)))
+        seen = [_async_threads()]
+        until = time.monotonic() + 1.5
+        while time.monotonic() < until:
+            pair = await asyncio.gather(run_async(["true"], timeout=30),
+                                        run_async(["true"], timeout=30))
+            assert all(r.ok for r in pair)
+        seen.append(_async_threads())
+        return seen
+
+    threads = _async_threads()
+    after_burst, after_trickle = asyncio.run(main())
+    assert after_burst == threads + 8
+    assert after_trickle == threads + 2, "the trickle kept other threads warm"
+    assert _wait_until(lambda: _async_threads() == threads)
+
+
+def test_async_pool_queues_work_past_its_threads_and_hands_back_errors() -> None:
+    """Past max_threads, work waits its turn in order; an exception reaches the future."""
+    pool = IdlePool(2, 0.2, "test-pool")
+    gate = threading.Event()
+    order: list[int] = []
+
+    def job(k: int) -> int:
+        gate.wait(10)
+        order.append(k)
+        if k == 3:
+            raise KeyError(k)
+        return k * 10
+
+    futures = [pool.submit(job, k) for k in range(6)]
+    assert pool.threads() == 2
+    gate.set()
+    assert [f.result(10) for f in futures if f is not futures[3]] == [0, 10, 20, 40, 50]
+    assert isinstance(futures[3].exception(10), KeyError)
+    assert sorted(order) == [0, 1, 2, 3, 4, 5]
+    assert _wait_until(lambda: pool.threads() == 0)
+    pool.close()
+    with pytest.raises(RuntimeError):
+        pool.submit(job, 9)
+    one = IdlePool(1, 0.2, "test-pool")  # one thread: the queue's order is the run order
+    order.clear()
+    assert [f.result(10) for f in [one.submit(job, k) for k in (5, 4, 0, 1)]] == [50, 40, 0, 10]
+    assert order == [5, 4, 0, 1]
+    one.close()
+
+
+@fork_with_threads
+def test_run_async_in_a_forked_child_uses_a_pool_of_its_own(fresh_async_pool: None) -> None:
+    """The child of os.fork() has none of the parent's pool threads: it starts its own."""
+    assert asyncio.run(run_async(["true"], timeout=30)).ok  # the parent's pool: one idle thread
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            res = asyncio.run(run_async(["echo", "child"], timeout=30))
+            os.write(w, res.stdout if res.ok else b"failed")
+        finally:
+            os._exit(0)
+    os.close(w)
+    ready = select.select([r], [], [], 30)[0]
+    data = os.read(r, 100) if ready else b"no answer in 30 s"
+    os.close(r)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert data == b"child\n"
+    assert asyncio.run(run_async(["echo", "parent"], timeout=30)).stdout == b"parent\n"
+
+
+_EXIT_SCRIPT = """
+import asyncio, sys, time
+from boundedproc import _scale
+from boundedproc._scale import run_async
+_scale.ASYNC_IDLE_SECONDS = 60.0
+loop = asyncio.new_event_loop()
+print(loop.run_until_complete(run_async(["true"], timeout=30)).ok, flush=True)
+task = loop.create_task(run_async(["sh", "-c", "sleep 0.5; echo ran > " + sys.argv[1]],
+                                  contain=False, timeout=30))
+loop.run_until_complete(asyncio.sleep(0.2))  # the second run is in flight; exit now
+"""
+
+
+def test_run_async_at_exit_idle_threads_end_and_runs_in_flight_finish(tmp_path: Path) -> None:
+    """Exit does not wait out an idle thread's 60 s; a run in flight completes before it."""
+    marker = tmp_path / "ran"
+    started = time.monotonic()
+    done = subprocess.run([PY, "-c", _EXIT_SCRIPT, str(marker)], check=False, capture_output=True,
+                          text=True, timeout=50)
+    took = time.monotonic() - started
+    assert done.stdout == "True\n", done.stderr
+    assert took < 20, f"exit waited {took:.1f} s for an idle thread"
+    assert marker.read_text() == "ran\n", "the run in flight was abandoned at exit"
 
 
 def test_run_async_accepts_a_one_shot_iterable_command() -> None:

@@ -1,0 +1,146 @@
+"""``run_async``'s threads: a pool whose idle threads end, the most recently idle first used.
+
+A thread that has run a contained command keeps a supervisor process for as long as
+it lives (``_native``: one per calling thread, reused from run to run, freed when the
+thread ends).  ``concurrent.futures.ThreadPoolExecutor`` never ends a thread, so a
+burst of 100 concurrent ``run_async`` calls would leave 100 idle threads and 100
+idle supervisors for the rest of the process's life.  Here a thread that gets no
+work for ``idle_seconds`` ends, and its supervisor with it.
+
+Work goes to the thread that became idle last (a stack), not to every idle thread in
+turn (``ThreadPoolExecutor``'s shared queue wakes its waiters first come, first
+served): after a burst, a steady trickle of runs keeps reusing the same few warm
+threads, with their supervisors, and the rest reach their idle timeout.  Past
+``max_threads`` busy threads, work waits in a queue, first in, first out.
+
+At interpreter exit the pool behaves as ``ThreadPoolExecutor`` does: threads are not
+daemons, so runs in flight finish (each is bounded by its own timeout) and queued
+work still runs, while idle threads are woken to end at once instead of waiting out
+their idle time.  A daemon thread would instead be frozen mid-run at exit, leaving
+an uncontained command running with no one to enforce its deadline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+_Item = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+
+class _Idle:
+    """An idle thread's place in the stack: its wake-up, and the work handed to it."""
+
+    __slots__ = ("item", "wake")
+
+    def __init__(self) -> None:
+        self.wake = threading.Lock()
+        self.wake.acquire()  # released once, by whoever hands over work or closes the pool
+        self.item: _Item | None = None
+
+
+class IdlePool:
+    """Up to ``max_threads`` threads; one idle for ``idle_seconds`` ends (module docstring)."""
+
+    def __init__(self, max_threads: int, idle_seconds: float, name: str) -> None:
+        self._max = max_threads
+        self._idle_seconds = idle_seconds
+        self._name = name
+        self._lock = threading.Lock()
+        self._idle: list[_Idle] = []          # a stack: the last one idle is used first
+        self._queued: deque[_Item] = deque()  # work waiting for a thread (all busy)
+        self._threads = 0
+        self._closed = False
+        self._numbers = itertools.count()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` on a thread of the pool; its future.
+
+        Raises:
+            RuntimeError: the interpreter is shutting down, or no thread could be
+                started (as ``ThreadPoolExecutor.submit`` raises).
+        """
+        future: Future[Any] = Future()
+        item: _Item = (future, fn, args)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+            if self._idle:
+                idle = self._idle.pop()
+                idle.item = item
+                idle.wake.release()
+                return future
+            if self._threads >= self._max:
+                self._queued.append(item)
+                return future
+            self._threads += 1
+        try:
+            threading.Thread(target=self._work, args=(item,),
+                             name=f"{self._name}_{next(self._numbers)}").start()
+        except BaseException:
+            with self._lock:
+                self._threads -= 1
+            raise
+        return future
+
+    def threads(self) -> int:
+        """How many threads the pool has now, busy or idle."""
+        with self._lock:
+            return self._threads
+
+    def close(self) -> None:
+        """Take no more work; wake the idle threads to end (busy ones end after their work)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for idle in self._idle:
+                idle.wake.release()
+
+    def _work(self, item: _Item | None) -> None:
+        idle = _Idle()
+        while item is not None:
+            future, fn, args = item
+            item = None
+            running = future.set_running_or_notify_cancel()
+            failed, value = False, None
+            if running:
+                try:
+                    value = fn(*args)
+                except BaseException as exc:  # noqa: BLE001 - as ThreadPoolExecutor: the future carries it
+                    failed, value = True, exc
+            # Back on the stack before the caller hears of the result, so that the work
+            # it submits next, on hearing it, finds this thread rather than another.
+            with self._lock:
+                if self._queued:
+                    item = self._queued.popleft()
+                elif self._closed:
+                    self._threads -= 1
+                else:
+                    self._idle.append(idle)
+                parked = item is None and not self._closed
+            if running:
+                if failed:
+                    future.set_exception(value)
+                else:
+                    future.set_result(value)
+            del future, fn, args, value  # an idle thread holds nothing of its last work
+            if parked:
+                item = self._wait(idle)
+
+    def _wait(self, idle: _Idle) -> _Item | None:
+        """The work handed to this (parked) thread, or None when it is to end."""
+        woken = idle.wake.acquire(timeout=self._idle_seconds)
+        with self._lock:
+            item, idle.item = idle.item, None
+            if item is None:  # timed out, or woken by close(): still on the stack
+                self._idle.remove(idle)
+                self._threads -= 1
+                return None
+            if not woken:  # work came between the timeout and this lock: take it
+                idle.wake.acquire()  # released already; leaves it held for the next wait
+            return item
