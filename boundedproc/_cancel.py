@@ -28,6 +28,15 @@ class Cancel:
         os.set_blocking(self._w, False)
         self._set = False
 
+    @classmethod
+    def _already_set(cls: type[_C]) -> _C:  # noqa: PYI019 - typing.Self needs 3.11
+        """A switch that is set and has no fds (``fileno()`` is -1): a run that sees it
+        spawns nothing, and it can be had when the process has no fd left."""
+        switch = cls.__new__(cls)
+        switch._r = switch._w = -1
+        switch._set = True
+        return switch
+
     def cancel(self) -> None:
         """Cancel every run watching this switch, now and later."""
         if self._set:

@@ -32,6 +32,10 @@ from typing import Any
 _Item = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...]]
 
 
+class NoThread(RuntimeError):
+    """No thread could be started (out of process slots or memory) and the pool has none."""
+
+
 class _Idle:
     """An idle thread's place in the stack: its wake-up, and the work handed to it."""
 
@@ -60,9 +64,12 @@ class IdlePool:
     def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future[Any]:
         """Run ``fn(*args)`` on a thread of the pool; its future.
 
+        Where a new thread is needed and cannot be started (the system's process
+        slots are used up), the work waits for one of the pool's busy threads.
+
         Raises:
-            RuntimeError: the interpreter is shutting down, or no thread could be
-                started (as ``ThreadPoolExecutor.submit`` raises).
+            NoThread: no thread could be started and the pool has none.
+            RuntimeError: the interpreter is shutting down.
         """
         future: Future[Any] = Future()
         item: _Item = (future, fn, args)
@@ -81,10 +88,17 @@ class IdlePool:
         try:
             threading.Thread(target=self._work, args=(item,),
                              name=f"{self._name}_{next(self._numbers)}").start()
-        except BaseException:
+        except RuntimeError as err:  # "can't start new thread": EAGAIN or ENOMEM
             with self._lock:
                 self._threads -= 1
-            raise
+                if self._idle:  # one came back meanwhile
+                    idle = self._idle.pop()
+                    idle.item = item
+                    idle.wake.release()
+                elif self._threads > 0:  # one of them takes it before it parks
+                    self._queued.append(item)
+                else:
+                    raise NoThread(str(err)) from err
         return future
 
     def threads(self) -> int:

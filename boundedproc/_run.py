@@ -195,8 +195,12 @@ def _execute_in_tmpdir(prepared: Prepared, spec: _native.NativeSpec, started: fl
         path = _tmpdir.create(prepared.ids.uid, prepared.ids.gid)
     except OSError as err:
         code = err.errno or 0
-        why = (f"spawn failed: {_native.errno_name(code)} ({os.strerror(code)}): "
-               f"tmpdir under {tempfile.gettempdir()!r}")
+        # tempfile.tempdir, not gettempdir(): where gettempdir() found no usable directory
+        # (every probe refused, as when the process has no fd left) it would raise again;
+        # then its own message says where it looked.
+        where = tempfile.tempdir
+        why = (f"spawn failed: {_native.errno_name(code)} ({err.strerror or os.strerror(code)}): "
+               + (f"tmpdir under {where!r}" if where is not None else "tmpdir"))
         return _not_spawned(replace(prepared, runner_error=why), started), None
     entry = b"TMPDIR=" + os.fsencode(path)
     envp = [e for e in (spec.envp if spec.envp is not None else [])

@@ -96,7 +96,7 @@ from boundedproc._options import (
     StdioTarget,
     validate,
 )
-from boundedproc._pool import IdlePool
+from boundedproc._pool import IdlePool, NoThread
 from boundedproc._result import AnyResult, ProcessFailed, Result
 from boundedproc._run import run, unknown_keyword
 
@@ -179,9 +179,7 @@ def _validate(cmd: Any, options: dict[str, Any]) -> AnyResult:
     """
     global _dry_switch
     if _dry_switch is None:
-        switch = Cancel()
-        switch.cancel()
-        _dry_switch = switch
+        _dry_switch = Cancel._already_set()  # no fds: it works when the process has none left
     token = ALSO_CANCEL.set(_dry_switch)
     try:
         # check=False: the dry result is not spawned, and check=True would raise it
@@ -200,13 +198,36 @@ def _run_watching(switch: Cancel, cmd: Any, options: dict[str, Any]) -> AnyResul
         ALSO_CANCEL.reset(token)
 
 
-def _no_switch_result(dry: AnyResult, err: OSError) -> AnyResult:
-    """The result for a run that could not get the fds of its cancel switch."""
-    name = errno.errorcode.get(err.errno or 0, "EMFILE")
-    return replace(
-        dry, exit_code=127, cancelled=False, stdin_delivered=False,
-        runner_error=f"spawn failed: {name} ({err.strerror}): cancel switch for "
-                     f"{dry.args[0]!r}")
+def _call_switch() -> Cancel | None:
+    """The switch every run of one ``run_many`` call watches (set on early close), or
+    None when its two fds cannot be had (EMFILE): the runs then go on without one, each
+    failing as run() does while fds are short, and an early close waits for the runs in
+    flight instead of ending them."""
+    try:
+        return Cancel()
+    except OSError:
+        return None
+
+
+def _refusal(code: int, what: str, program: str) -> str:
+    """The ``runner_error`` of a run refused ``what`` (errno ``code``) before its spawn."""
+    return (f"spawn failed: {_native.errno_name(code)} ({os.strerror(code)}): {what} for "
+            f"{program!r}")
+
+
+def _refused(dry: AnyResult, code: int, what: str, check: bool) -> AnyResult:
+    """The result of a run the system refused a resource before its spawn (the fds of
+    its cancel switch, a thread): what run() returns when a spawn is refused so
+    (SPEC 9.1: ``spawn failed: `` and the errno name, never an exception).
+
+    ``dry`` is the run's not-spawned result from ``_validate`` (its args, text mode and
+    stdin_delivered).  Raises ProcessFailed with ``check``, as run() would.
+    """
+    result = replace(dry, exit_code=_native.SPAWN_FAILURE_EXIT_CODE, cancelled=False,
+                     runner_error=_refusal(code, what, dry.args[0]))
+    if check:
+        result.check()
+    return result
 
 
 @overload
@@ -353,9 +374,13 @@ async def run_async(
     try:
         switch = Cancel()
     except OSError as err:  # out of fds: run() would report the same, not raise
-        return _no_switch_result(dry, err)
-    future = asyncio.wrap_future(
-        _async_executor().submit(_run_watching, switch, cmd, options), loop=loop)
+        return _refused(dry, err.errno or errno.EMFILE, "cancel switch", check)
+    try:
+        submitted = _async_executor().submit(_run_watching, switch, cmd, options)
+    except NoThread:  # out of process slots: run() would report the same, not raise
+        switch.close()
+        return _refused(dry, errno.EAGAIN, "a thread", check)
+    future = asyncio.wrap_future(submitted, loop=loop)
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
@@ -681,6 +706,14 @@ class _Slot:
         self.result: AnyResult | None = None
         self.error: BaseException | None = None
 
+    def refused(self, cmd: Any, options: dict[str, Any], code: int, what: str) -> None:
+        """Done, not spawned: the system refused ``what`` (errno ``code``) first."""
+        try:
+            self.result = _refused(_validate(cmd, options), code, what, options["check"])
+        except ProcessFailed as err:  # raised by the iterator in its turn, as run() would
+            self.error = err
+        self.done.release()
+
     def take(self) -> AnyResult:
         """Wait for the run (Ctrl-C can interrupt the wait) and return its result."""
         self.done.acquire()
@@ -695,7 +728,7 @@ class _Slot:
 _Task = tuple[_Slot, Any, dict[str, Any]] | None
 
 
-def _work(tasks: queue.SimpleQueue[_Task], switch: Cancel) -> None:
+def _work(tasks: queue.SimpleQueue[_Task], switch: Cancel | None) -> None:
     """A ``run_many`` worker: run the tasks it is given until it gets ``None``.
 
     The call's switch is set once for the thread (executors do not copy
@@ -783,7 +816,7 @@ class _BatchSlot:
 
     __slots__ = ("error", "prepared", "result", "started")
 
-    def __init__(self, cmd: Any, shell: Any, options: Options, switch: Cancel) -> None:
+    def __init__(self, cmd: Any, shell: Any, options: Options, switch: Cancel | None) -> None:
         """Raises TypeError, ValueError: what run() raises for a caller bug."""
         self.started = time.monotonic()
         self.result: AnyResult | None = None
@@ -803,6 +836,12 @@ class _BatchSlot:
                 result.check()
             except ProcessFailed as err:  # raised by the iterator in its turn, as run() would
                 self.error = err
+
+    def refused(self, code: int, what: str) -> None:
+        """Not spawned: the system refused ``what`` (errno ``code``) before the spawn."""
+        why = _refusal(code, what, _command.text_arg(self.prepared.args[0]))
+        self._set(_run._not_spawned(replace(self.prepared, spec=None, runner_error=why),
+                                    self.started))
 
     def finish(self, done: _native.BatchDone) -> None:
         if done.error is not None:
@@ -855,7 +894,7 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
     earlier result was yielded, or ``_NO_REST``.
     """
     window = batch.window  # the batch is sized for it
-    switch = Cancel()  # one switch for every run of this call: set on early close
+    switch = _call_switch()  # one switch for every run of this call: set on early close
     pending: deque[_BatchSlot | _Raise] = deque()
     running: dict[int, _BatchSlot] = {}
     tags = itertools.count()
@@ -907,8 +946,12 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
             pending.append(slot)
             if slot.result is None and slot.prepared.spec is not None:
                 tag = next(tags)  # started at once: the source may be slow to give the next
-                batch.submit(tag, slot.prepared.spec)
-                running[tag] = slot
+                try:
+                    batch.submit(tag, slot.prepared.spec)
+                except OSError as err:  # not one worker thread: out of process slots
+                    slot.refused(err.errno or errno.EAGAIN, "a run_many worker thread")
+                else:
+                    running[tag] = slot
 
     owner = _forks
     finished = False
@@ -918,10 +961,11 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
         return rest
     finally:
         if _forks == owner:  # a forked child's copy of the switch is the parent's
-            if not finished:
+            if not finished and switch is not None:
                 switch.cancel()  # in-flight runs end now; queued ones spawn nothing
             batch.close()  # waits for every worker: every run's group is killed and reaped
-        switch.close()
+        if switch is not None:
+            switch.close()
 
 
 def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
@@ -933,7 +977,7 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
     # and a lock, not a Future with its condition variable, and every microsecond of
     # Python here holds the GIL that the other workers' runs need (B9).
     window = WINDOW_PER_JOB * jobs
-    switch = Cancel()  # one switch for every run of this call: set on early close
+    switch = _call_switch()  # one switch for every run of this call: set on early close
     tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
     workers: list[threading.Thread] = []
     pending: deque[_Slot | _Raise] = deque()
@@ -965,8 +1009,14 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
             if len(workers) < jobs:
                 worker = threading.Thread(target=_work, args=(tasks, switch), daemon=True,
                                           name=f"boundedproc-many-{len(workers)}")
-                worker.start()
-                workers.append(worker)
+                try:
+                    worker.start()
+                except RuntimeError:  # out of process slots: a worker already started takes it
+                    if not workers:
+                        slot.refused(cmd, opts, errno.EAGAIN, "a run_many worker thread")
+                        continue
+                else:
+                    workers.append(worker)
             tasks.put((slot, cmd, opts))
 
     def take(slot: _Slot) -> AnyResult:
@@ -980,13 +1030,15 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
         yield from _in_order(pending, fill, take, bar)
         finished = True
     finally:
-        if not finished and _forks == owner:  # a forked child's switch is the parent's
+        # (a forked child's switch is the parent's)
+        if not finished and _forks == owner and switch is not None:
             switch.cancel()  # in-flight runs end now; queued ones spawn nothing
         for _ in workers:
             tasks.put(None)
         for worker in workers:
             worker.join()  # every run's group is killed and reaped by now
-        switch.close()
+        if switch is not None:
+            switch.close()
 
 
 def _measure_async(n: int = 200, seconds: float = 0.5) -> None:

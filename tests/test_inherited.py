@@ -581,6 +581,79 @@ out = dict(first=first, again=boundedproc.run(["echo", "x"], contain={contain}).
     assert out == {"first": [False, 127, ["spawn", "failed:", "EAGAIN"]], "again": "x\n"}
 
 
+def test_no_free_fd_is_a_result_in_run_async_and_run_many() -> None:
+    """RLIMIT_NOFILE exhausted: run_async, run_many (on core threads and on Python workers)
+    and run(tmpdir=True) each return `spawn failed:` results, raise nothing, and work again
+    once fds are free."""
+    got = child("""
+        import asyncio, resource
+        from boundedproc import run_async, run_many
+        loop = asyncio.new_event_loop()  # the loop's own fds, before there are none
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        held = []
+        try:
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
+        calls = {
+            "run_async": lambda: [loop.run_until_complete(run_async(["true"]))],
+            "run_many": lambda: list(run_many([["true"]] * 3, jobs=2)),
+            "run_many_py": lambda: list(run_many([["true"]] * 3, jobs=2, tmpdir=True)),
+            "run_tmpdir": lambda: [run(["true"], tmpdir=True)],
+        }
+        out = {}
+        for name, call in calls.items():
+            try:
+                out[name] = sorted({(r.spawned, r.exit_code, (r.runner_error or "")[:13])
+                                    for r in call()})
+            except Exception as err:
+                out[name] = f"raised {err!r}"
+        for fd in held:
+            os.close(fd)
+        out["again"] = [r.ok for r in list(run_many([["true"]] * 3, jobs=2))
+                        + list(run_many([["true"]] * 2, jobs=2, tmpdir=True))
+                        + [loop.run_until_complete(run_async(["true"])), run(["true"], tmpdir=True)]]
+        print(json.dumps(out))
+    """)
+    failed = [[False, 127, "spawn failed:"]]
+    assert got == {"run_async": failed, "run_many": failed, "run_many_py": failed,
+                   "run_tmpdir": failed, "again": [True] * 7}
+
+
+def test_no_free_process_slot_is_a_result_in_run_async_and_run_many() -> None:
+    """RLIMIT_NPROC reached (as nobody), so no thread can start either: run_async and
+    run_many (core threads, Python workers) return `spawn failed: EAGAIN` results."""
+    out = as_nobody("""
+import asyncio
+from boundedproc import run_async, run_many
+soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+loop = asyncio.new_event_loop()
+resource.setrlimit(resource.RLIMIT_NPROC, (1, hard))
+calls = {
+    "run_async": lambda: [loop.run_until_complete(run_async(["true"]))],
+    "run_async_check": lambda: [loop.run_until_complete(run_async(["true"], check=True))],
+    "run_many": lambda: list(run_many([["true"]] * 3, jobs=2)),
+    "run_many_py": lambda: list(run_many([["true"]] * 3, jobs=2, tmpdir=True)),
+}
+out = {}
+for name, call in calls.items():
+    try:
+        out[name] = sorted({(r.spawned, r.exit_code, " ".join((r.runner_error or "").split(" ")[:3]))
+                            for r in call()})
+    except Exception as err:
+        out[name] = type(err).__name__ + ": " + str(err)[:60]
+resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+out["again"] = [r.ok for r in list(run_many([["true"]] * 3, jobs=2))
+                + [loop.run_until_complete(run_async(["true"]))]]
+""")
+    failed = [[False, 127, "spawn failed: EAGAIN"]]
+    assert out["run_async"] == failed and out["run_many"] == failed
+    assert out["run_many_py"] == failed
+    assert str(out["run_async_check"]).startswith("ProcessFailed: ")
+    assert out["again"] == [True] * 4
+
+
 def _unshare() -> list[str]:
     unshare = shutil.which("unshare")
     if unshare is None or os.geteuid() != 0:

@@ -24,7 +24,7 @@ from conftest import SIGINT_PRELUDE, UNDER_ASAN, fork_with_threads, wait_dead, w
 
 from boundedproc import CANCEL_EXIT_CODE, Cancel, Job, ProcessFailed, Result, _scale
 from boundedproc._native import CONTAIN_SUPPORTED
-from boundedproc._pool import IdlePool
+from boundedproc._pool import IdlePool, NoThread
 from boundedproc._scale import run_async, run_many
 
 PY = sys.executable
@@ -663,6 +663,28 @@ def test_run_async_in_a_forked_child_uses_a_pool_of_its_own(fresh_async_pool: No
     os.waitpid(pid, 0)
     assert data == b"child\n"
     assert asyncio.run(run_async(["echo", "parent"], timeout=30)).stdout == b"parent\n"
+
+
+def test_async_pool_without_a_new_thread_queues_for_a_busy_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread that cannot start: the work waits for a busy thread of the pool; with no
+    thread at all, submit raises NoThread (run_async turns it into an EAGAIN result)."""
+    pool = IdlePool(4, 0.2, "test-pool")
+    gate = threading.Event()
+    first = pool.submit(lambda: gate.wait(10) and threading.current_thread().name)
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    second = pool.submit(lambda: threading.current_thread().name)
+    assert pool.threads() == 1 and not second.done()
+    gate.set()
+    assert second.result(10) == first.result(10)  # the same thread ran both, in turn
+    assert _wait_until(lambda: pool.threads() == 0)
+    with pytest.raises(NoThread):
+        pool.submit(lambda: None)
+    pool.close()
 
 
 _EXIT_SCRIPT = """
