@@ -45,6 +45,17 @@ def report(contain):
         fields(run(["cat"], stdin=b"in" * 1000, timeout=20, contain=contain)),
         fields(run(["no-such-program-bp"], timeout=20, contain=contain)),
     ]
+
+def use_up_fds():
+    # RLIMIT_NOFILE down to 64, and every fd under it taken: the fds held, to close later
+    import resource
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    held = []
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        return held
 """
 
 
@@ -542,14 +553,7 @@ def test_no_free_fd_is_a_result(contain: bool) -> None:
     """RLIMIT_NOFILE exhausted: `spawn failed: EMFILE`, no exception, and nothing leaked once
     fds are free again."""
     got = child(f"""
-        import resource
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        held = []
-        try:
-            while True:
-                held.append(os.open("/dev/null", os.O_RDONLY))
-        except OSError:
-            pass
+        held = use_up_fds()
         r = run(["true"], contain={contain})
         first = [r.spawned, r.exit_code, (r.runner_error or "").split(" ")[:3]]
         for fd in held:
@@ -586,16 +590,10 @@ def test_no_free_fd_is_a_result_in_run_async_and_run_many() -> None:
     and run(tmpdir=True) each return `spawn failed:` results, raise nothing, and work again
     once fds are free."""
     got = child("""
-        import asyncio, resource
+        import asyncio
         from boundedproc import run_async, run_many
         loop = asyncio.new_event_loop()  # the loop's own fds, before there are none
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        held = []
-        try:
-            while True:
-                held.append(os.open("/dev/null", os.O_RDONLY))
-        except OSError:
-            pass
+        held = use_up_fds()
         calls = {
             "run_async": lambda: [loop.run_until_complete(run_async(["true"]))],
             "run_many": lambda: list(run_many([["true"]] * 3, jobs=2)),
