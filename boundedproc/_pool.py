@@ -18,6 +18,12 @@ daemons, so runs in flight finish (each is bounded by its own timeout) and queue
 work still runs, while idle threads are woken to end at once instead of waiting out
 their idle time.  A daemon thread would instead be frozen mid-run at exit, leaving
 an uncontained command running with no one to enforce its deadline.
+
+Where no thread can be started (the system's process slots are used up), work waits
+for a busy thread of the pool; with none, ``submit`` raises ``NoThread``, which a
+caller turns into a result (``run_async``: a ``spawn failed: EAGAIN`` result; the
+grader: the check runs in the calling thread, where its own spawn then reports it).
+It is a ``concurrent.futures.Executor``, so ``shutdown`` works as with any other.
 """
 
 from __future__ import annotations
@@ -26,10 +32,10 @@ import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from typing import Any
 
-_Item = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...]]
+_Item = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
 class NoThread(RuntimeError):
@@ -43,11 +49,11 @@ class _Idle:
 
     def __init__(self) -> None:
         self.wake = threading.Lock()
-        self.wake.acquire()  # released once, by whoever hands over work or closes the pool
+        self.wake.acquire()  # released once, by whoever hands over work or shuts the pool down
         self.item: _Item | None = None
 
 
-class IdlePool:
+class IdlePool(Executor):
     """Up to ``max_threads`` threads; one idle for ``idle_seconds`` ends (module docstring)."""
 
     def __init__(self, max_threads: int, idle_seconds: float, name: str) -> None:
@@ -58,11 +64,12 @@ class IdlePool:
         self._idle: list[_Idle] = []          # a stack: the last one idle is used first
         self._queued: deque[_Item] = deque()  # work waiting for a thread (all busy)
         self._threads = 0
+        self._running: set[threading.Thread] = set()  # for shutdown(wait=True)
         self._closed = False
         self._numbers = itertools.count()
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future[Any]:
-        """Run ``fn(*args)`` on a thread of the pool; its future.
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Run ``fn(*args, **kwargs)`` on a thread of the pool; its future.
 
         Where a new thread is needed and cannot be started (the system's process
         slots are used up), the work waits for one of the pool's busy threads.
@@ -72,10 +79,10 @@ class IdlePool:
             RuntimeError: the interpreter is shutting down.
         """
         future: Future[Any] = Future()
-        item: _Item = (future, fn, args)
+        item: _Item = (future, fn, args, kwargs)
         with self._lock:
             if self._closed:
-                raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+                raise RuntimeError("cannot schedule new futures after shutdown")
             if self._idle:
                 idle = self._idle.pop()
                 idle.item = item
@@ -85,12 +92,15 @@ class IdlePool:
                 self._queued.append(item)
                 return future
             self._threads += 1
+            thread = threading.Thread(target=self._work, args=(item,),
+                                      name=f"{self._name}_{next(self._numbers)}")
+            self._running.add(thread)
         try:
-            threading.Thread(target=self._work, args=(item,),
-                             name=f"{self._name}_{next(self._numbers)}").start()
+            thread.start()
         except RuntimeError as err:  # "can't start new thread": EAGAIN or ENOMEM
             with self._lock:
                 self._threads -= 1
+                self._running.discard(thread)
                 if self._idle:  # one came back meanwhile
                     idle = self._idle.pop()
                     idle.item = item
@@ -106,25 +116,32 @@ class IdlePool:
         with self._lock:
             return self._threads
 
-    def close(self) -> None:
-        """Take no more work; wake the idle threads to end (busy ones end after their work)."""
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Take no more work; wake the idle threads to end (busy ones end after their work,
+        and after the queued work unless ``cancel_futures``); with ``wait``, join them."""
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            for idle in self._idle:
-                idle.wake.release()
+            if cancel_futures:
+                while self._queued:
+                    self._queued.popleft()[0].cancel()
+            if not self._closed:
+                self._closed = True
+                for idle in self._idle:
+                    idle.wake.release()
+            threads = list(self._running)
+        if wait:
+            for thread in threads:
+                thread.join()
 
     def _work(self, item: _Item | None) -> None:
         idle = _Idle()
         while item is not None:
-            future, fn, args = item
+            future, fn, args, kwargs = item
             item = None
             running = future.set_running_or_notify_cancel()
             failed, value = False, None
             if running:
                 try:
-                    value = fn(*args)
+                    value = fn(*args, **kwargs)
                 except BaseException as exc:  # noqa: BLE001 - as ThreadPoolExecutor: the future carries it
                     failed, value = True, exc
             # Back on the stack before the caller hears of the result, so that the work
@@ -133,7 +150,7 @@ class IdlePool:
                 if self._queued:
                     item = self._queued.popleft()
                 elif self._closed:
-                    self._threads -= 1
+                    self._end()
                 else:
                     self._idle.append(idle)
                 parked = item is None and not self._closed
@@ -142,18 +159,23 @@ class IdlePool:
                     future.set_exception(value)
                 else:
                     future.set_result(value)
-            del future, fn, args, value  # an idle thread holds nothing of its last work
+            del future, fn, args, kwargs, value  # an idle thread holds nothing of its last work
             if parked:
                 item = self._wait(idle)
+
+    def _end(self) -> None:
+        """Under the lock: this thread ends (it returns next)."""
+        self._threads -= 1
+        self._running.discard(threading.current_thread())
 
     def _wait(self, idle: _Idle) -> _Item | None:
         """The work handed to this (parked) thread, or None when it is to end."""
         woken = idle.wake.acquire(timeout=self._idle_seconds)
         with self._lock:
             item, idle.item = idle.item, None
-            if item is None:  # timed out, or woken by close(): still on the stack
+            if item is None:  # timed out, or woken by shutdown(): still on the stack
                 self._idle.remove(idle)
-                self._threads -= 1
+                self._end()
                 return None
             if not woken:  # work came between the timeout and this lock: take it
                 idle.wake.acquire()  # released already; leaves it held for the next wait

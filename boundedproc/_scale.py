@@ -140,7 +140,7 @@ def _close_async_pool() -> None:
     # the child's own: it inherits the registration, not the parent's pool).
     pool = _async_pool
     if pool is not None:
-        pool.close()
+        pool.shutdown(wait=False)
 
 
 def _async_executor() -> IdlePool:
@@ -154,7 +154,7 @@ def _async_executor() -> IdlePool:
                     # non-daemon threads are joined (atexit runs after, too late).
                     threading._register_atexit(_close_async_pool)  # type: ignore[attr-defined]
                 except RuntimeError:  # the interpreter is already shutting down
-                    pool.close()
+                    pool.shutdown(wait=False)
                 _close_registered = True
             _async_pool = pool
         return _async_pool

@@ -70,6 +70,7 @@ import re
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
@@ -108,6 +109,9 @@ __all__ = [
 EXIT_OK = 0
 EXIT_CONTRADICTED = 1
 EXIT_BAD_INPUT = 2
+#: The grader itself failed (a bug: its traceback is printed); no verdict is implied.  Not
+#: Python's default 1, which reads as "some claim contradicted".
+EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130
 
 DEFAULT_TIMEOUT = 30.0
@@ -342,21 +346,30 @@ def verify_claims(
         Exception: Whatever the executor raises for a claim's task (a bug, or a remote worker
             that could not run it); the pass stops as described above.
     """
+    from boundedproc._pool import IdlePool, NoThread
+
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
     own = executor is None
-    pool: Executor = ThreadPoolExecutor(max_workers=jobs) if executor is None else executor
-    in_process = own or isinstance(pool, ThreadPoolExecutor)
+    # Our own pool: where no thread can be started (no process slot left), a check waits
+    # for a busy thread, or with none runs here, in the calling thread, and its own spawn
+    # reports the shortage in its result (an unrunnable check), where a ThreadPoolExecutor
+    # raised out of the whole pass.
+    pool: Executor = IdlePool(jobs, 2.0, "grader") if executor is None else executor
+    in_process = own or isinstance(pool, (ThreadPoolExecutor, IdlePool))
     check_cancel = cancel if in_process else None
     futures: list[Future[ClaimOutcome]] = []
     try:
         for claim in claims:
-            futures.append(
-                pool.submit(
-                    verify_claim, claim, cwd=cwd, timeout=timeout, bash=bash, cancel=check_cancel,
-                    env=env, user=user, tmpdir=tmpdir, **({"verbose": True} if verbose else {}),
-                )
-            )
+            options: dict[str, Any] = dict(
+                cwd=cwd, timeout=timeout, bash=bash, cancel=check_cancel, env=env, user=user,
+                tmpdir=tmpdir, **({"verbose": True} if verbose else {}))
+            try:
+                future = pool.submit(verify_claim, claim, **options)
+            except NoThread:
+                future = Future()
+                future.set_result(verify_claim(claim, **options))
+            futures.append(future)
         index_of = {future: index for index, future in enumerate(futures)}
         finished: dict[int, ClaimOutcome] = {}
         marker = DuplicateMarker()
@@ -864,7 +877,10 @@ def _grade_pass(
 
     from boundedproc import Cancel
 
-    cancel = Cancel()
+    try:
+        cancel: Cancel | None = Cancel()
+    except OSError:  # no fd left for it: the checks run without one (each reports EMFILE)
+        cancel = None
     started = time.monotonic()
     # A bar redrawn between the streamed lines would garble them.
     progress = _Progress(0 if args.verbose else len(claims), sys.stderr)
@@ -891,15 +907,21 @@ def _grade_pass(
         # Locally every running check watches this Cancel: their groups are killed and reaped,
         # and closing the generator waits for the pool, so nothing outlives the interrupted
         # grader. On a cluster the unfinished tasks are cancelled (see the module docstring).
-        cancel.cancel()
+        if cancel is not None:
+            cancel.cancel()
         results.close()
         progress.close()
         print("grader: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as exc:
-        if executor is None:
-            raise  # a failure of this process's own grading is a bug: show its traceback
+    except Exception as exc:  # noqa: BLE001 - reported: exit 3 (a bug here) or 2 (the executor)
         progress.close()
+        if executor is None:  # a failure of this process's own grading is a bug
+            traceback.print_exc()
+            if cancel is not None:
+                cancel.cancel()  # checks still running end now (as on Ctrl-C)
+            results.close()
+            print("grader: internal error, the pass stops (exit 3: no verdict)", file=sys.stderr)
+            return EXIT_INTERNAL
         print(
             f"grader: the executor failed to grade a claim, so the pass stops "
             f"({type(exc).__name__}: {exc})",
@@ -926,7 +948,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         The exit status: 0, 1 (a claim was contradicted), 2 (bad input, or an executor that
-        cannot be used) or 130 (interrupted).
+        cannot be used), 3 (the grader failed: a bug, with its traceback) or 130
+        (interrupted).
     """
     parser = _parser()
     args = parser.parse_args(argv)

@@ -112,13 +112,14 @@ def importable_env() -> dict[str, str]:
     return env
 
 
-def as_nobody(code: str, cwd: str = "/") -> dict[str, object]:
+def as_nobody(code: str, cwd: str = "/", imports: str = "") -> dict[str, object]:
     """Run `code` in a Python child that imports boundedproc as root, then becomes nobody.
 
     The interpreter of the test run may be unreadable by nobody (pyenv under a 0700 /root),
     so the child drops its ids itself once everything is imported; the code sets `out` to a
     dict, returned here.  Skips unless the test runs as root with a 'nobody' user whom the
     supervisor program is reachable by (it is executed after the ids are dropped).
+    `imports` runs first, as root, for modules to import before the ids are dropped.
     """
     import json
     import pwd
@@ -144,6 +145,7 @@ def as_nobody(code: str, cwd: str = "/") -> dict[str, object]:
     prog = (
         "import json, os, resource, sys\n"  # imported while the interpreter's files are ours
         "import boundedproc\n"
+        f"{imports}\n"
         f"os.setgroups([]); os.setgid({nobody.pw_gid}); os.setuid({nobody.pw_uid})\n"
         f"{code}\n"
         "sys.stdout.write(json.dumps(out))\n"

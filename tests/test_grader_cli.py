@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import importable_env, python_module_argv
+from conftest import as_nobody, importable_env, python_module_argv
 
 import boundedproc
 import grader._cli as cli
@@ -671,6 +671,44 @@ def test_executor_failure_stops_the_pass_with_exit_two(
     assert "the executor failed to grade a claim" in captured.err
     assert "ModuleNotFoundError: No module named 'grader'" in captured.err
     assert "Traceback" not in captured.err
+
+
+def test_a_bug_in_the_grading_stops_the_pass_with_exit_three_not_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """An exception of the grader's own (a bug) prints its traceback and exits 3: never
+    Python's default 1, which means "some claim contradicted"."""
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in the grader")
+
+    monkeypatch.setattr(cli, "verify_gradeable_evidence", broken)
+    path = write_claims(tmp_path, claim("a"), claim("b"))
+    assert cli.main([str(path), "--jobs", "2"]) == cli.EXIT_INTERNAL == 3
+    captured = capsys.readouterr()
+    assert "Traceback" in captured.err and "RuntimeError: a bug in the grader" in captured.err
+    assert "internal error" in captured.err
+
+
+def test_no_free_process_slot_makes_checks_unrunnable_not_a_crash() -> None:
+    """As nobody at RLIMIT_NPROC 1, no thread and no process can start: every check that
+    has to run is unrunnable (a runner failure), and the pass itself completes."""
+    out = as_nobody(
+        """
+lines = [json.dumps({"id": f"c{k}", "title": "root has one line", "rung": 4,
+                     "check": "grep -c '^root:' /etc/passwd", "expect": "1"}).encode()
+         for k in range(3)]
+claims, errors = cli.parse_claims(lines)
+resource.setrlimit(resource.RLIMIT_NPROC, (1, resource.getrlimit(resource.RLIMIT_NPROC)[1]))
+try:
+    outcomes = list(cli.verify_claims(claims, cwd="/", jobs=2, timeout=30))
+    out = {"verdicts": sorted({(o.grade.verdict.value, o.grade.reason.value) for o in outcomes}),
+           "n": len(outcomes)}
+except Exception as err:
+    out = {"raised": repr(err)}
+""",
+        imports="import grader._cli as cli",
+    )
+    assert out == {"verdicts": [["unrunnable", "runner-failure"]], "n": 3}
 
 
 # --- real runs -----------------------------------------------------------------------------

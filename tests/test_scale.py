@@ -548,7 +548,7 @@ def _supervisors() -> int:
 def _end_async_pool() -> None:
     pool, _scale._async_pool = _scale._async_pool, None
     if pool is not None:
-        pool.close()  # its idle threads end now, their supervisors with them
+        pool.shutdown(wait=False)  # its idle threads end now, their supervisors with them
     assert _wait_until(lambda: _async_threads() == 0)
 
 
@@ -632,14 +632,14 @@ def test_async_pool_queues_work_past_its_threads_and_hands_back_errors() -> None
     assert isinstance(futures[3].exception(10), KeyError)
     assert sorted(order) == [0, 1, 2, 3, 4, 5]
     assert _wait_until(lambda: pool.threads() == 0)
-    pool.close()
+    pool.shutdown(wait=False)
     with pytest.raises(RuntimeError):
         pool.submit(job, 9)
     one = IdlePool(1, 0.2, "test-pool")  # one thread: the queue's order is the run order
     order.clear()
     assert [f.result(10) for f in [one.submit(job, k) for k in (5, 4, 0, 1)]] == [50, 40, 0, 10]
     assert order == [5, 4, 0, 1]
-    one.close()
+    one.shutdown()
 
 
 @fork_with_threads
@@ -684,7 +684,22 @@ def test_async_pool_without_a_new_thread_queues_for_a_busy_one(
     assert _wait_until(lambda: pool.threads() == 0)
     with pytest.raises(NoThread):
         pool.submit(lambda: None)
-    pool.close()
+    pool.shutdown()
+
+
+def test_async_pool_is_an_executor_whose_shutdown_cancels_and_joins() -> None:
+    """shutdown(cancel_futures=True) cancels the queued work; wait=True joins the threads."""
+    pool = IdlePool(1, 30.0, "test-pool")
+    gate = threading.Event()
+    first = pool.submit(lambda *, until: until.wait(10) and "first", until=gate)
+    queued = [pool.submit(str, k) for k in range(3)]
+    pool.shutdown(wait=False, cancel_futures=True)
+    assert all(f.cancelled() for f in queued)
+    with pytest.raises(RuntimeError):
+        pool.submit(str, 9)
+    gate.set()
+    pool.shutdown(wait=True)  # the busy thread ends after its work, not after 30 s idle
+    assert first.result(0) == "first" and pool.threads() == 0
 
 
 _EXIT_SCRIPT = """
