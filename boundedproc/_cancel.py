@@ -89,6 +89,15 @@ class Cancel:
         return f"Cancel(cancelled={self._set})"
 
 
+def switch_or_none() -> Cancel | None:
+    """A new switch, or None when the process has no two fds left for it (EMFILE): for a
+    caller that can go on without one, its runs then failing or not as run() would."""
+    try:
+        return Cancel()
+    except OSError:
+        return None
+
+
 # A second switch a run also watches, set only by boundedproc's own wrappers
 # (run_async's task cancellation) so that a caller's shared Cancel is never set
 # on their behalf.

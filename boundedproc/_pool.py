@@ -63,8 +63,7 @@ class IdlePool(Executor):
         self._lock = threading.Lock()
         self._idle: list[_Idle] = []          # a stack: the last one idle is used first
         self._queued: deque[_Item] = deque()  # work waiting for a thread (all busy)
-        self._threads = 0
-        self._running: set[threading.Thread] = set()  # for shutdown(wait=True)
+        self._threads: set[threading.Thread] = set()  # started and not ended, busy or idle
         self._closed = False
         self._numbers = itertools.count()
 
@@ -83,38 +82,38 @@ class IdlePool(Executor):
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            if self._idle:
-                idle = self._idle.pop()
-                idle.item = item
-                idle.wake.release()
+            if self._hand_over(item):
                 return future
-            if self._threads >= self._max:
+            if len(self._threads) >= self._max:
                 self._queued.append(item)
                 return future
-            self._threads += 1
             thread = threading.Thread(target=self._work, args=(item,),
                                       name=f"{self._name}_{next(self._numbers)}")
-            self._running.add(thread)
+            self._threads.add(thread)
         try:
             thread.start()
         except RuntimeError as err:  # "can't start new thread": EAGAIN or ENOMEM
             with self._lock:
-                self._threads -= 1
-                self._running.discard(thread)
-                if self._idle:  # one came back meanwhile
-                    idle = self._idle.pop()
-                    idle.item = item
-                    idle.wake.release()
-                elif self._threads > 0:  # one of them takes it before it parks
-                    self._queued.append(item)
-                else:
-                    raise NoThread(str(err)) from err
+                self._threads.discard(thread)
+                if not self._hand_over(item):  # none came back meanwhile
+                    if not self._threads:
+                        raise NoThread(str(err)) from err
+                    self._queued.append(item)  # a busy one takes it before it parks
         return future
+
+    def _hand_over(self, item: _Item) -> bool:
+        """Under the lock: give ``item`` to the thread idle the shortest time, if one is."""
+        if not self._idle:
+            return False
+        idle = self._idle.pop()
+        idle.item = item
+        idle.wake.release()
+        return True
 
     def threads(self) -> int:
         """How many threads the pool has now, busy or idle."""
         with self._lock:
-            return self._threads
+            return len(self._threads)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Take no more work; wake the idle threads to end (busy ones end after their work,
@@ -127,7 +126,7 @@ class IdlePool(Executor):
                 self._closed = True
                 for idle in self._idle:
                     idle.wake.release()
-            threads = list(self._running)
+            threads = list(self._threads)
         if wait:
             for thread in threads:
                 thread.join()
@@ -165,8 +164,7 @@ class IdlePool(Executor):
 
     def _end(self) -> None:
         """Under the lock: this thread ends (it returns next)."""
-        self._threads -= 1
-        self._running.discard(threading.current_thread())
+        self._threads.discard(threading.current_thread())
 
     def _wait(self, idle: _Idle) -> _Item | None:
         """The work handed to this (parked) thread, or None when it is to end."""

@@ -82,7 +82,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 from boundedproc import _command, _native, _run
-from boundedproc._cancel import ALSO_CANCEL, Cancel
+from boundedproc._cancel import ALSO_CANCEL, Cancel, switch_or_none
 from boundedproc._command import Command, StrOrBytesPath
 from boundedproc._options import (
     CAPTURE,
@@ -196,17 +196,6 @@ def _run_watching(switch: Cancel, cmd: Any, options: dict[str, Any]) -> AnyResul
         return run(cmd, **options)
     finally:
         ALSO_CANCEL.reset(token)
-
-
-def _call_switch() -> Cancel | None:
-    """The switch every run of one ``run_many`` call watches (set on early close), or
-    None when its two fds cannot be had (EMFILE): the runs then go on without one, each
-    failing as run() does while fds are short, and an early close waits for the runs in
-    flight instead of ending them."""
-    try:
-        return Cancel()
-    except OSError:
-        return None
 
 
 def _refusal(code: int, what: str, program: str) -> str:
@@ -894,7 +883,9 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
     earlier result was yielded, or ``_NO_REST``.
     """
     window = batch.window  # the batch is sized for it
-    switch = _call_switch()  # one switch for every run of this call: set on early close
+    # One switch for every run of this call, set on early close; None without fds for it
+    # (EMFILE): the runs go on, and an early close then waits for those in flight.
+    switch = switch_or_none()
     pending: deque[_BatchSlot | _Raise] = deque()
     running: dict[int, _BatchSlot] = {}
     tags = itertools.count()
@@ -977,7 +968,9 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
     # and a lock, not a Future with its condition variable, and every microsecond of
     # Python here holds the GIL that the other workers' runs need (B9).
     window = WINDOW_PER_JOB * jobs
-    switch = _call_switch()  # one switch for every run of this call: set on early close
+    # One switch for every run of this call, set on early close; None without fds for it
+    # (EMFILE): the runs go on, and an early close then waits for those in flight.
+    switch = switch_or_none()
     tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
     workers: list[threading.Thread] = []
     pending: deque[_Slot | _Raise] = deque()

@@ -875,12 +875,9 @@ def _grade_pass(
     else:
         out = sys.stdout
 
-    from boundedproc import Cancel
+    from boundedproc._cancel import switch_or_none
 
-    try:
-        cancel: Cancel | None = Cancel()
-    except OSError:  # no fd left for it: the checks run without one (each reports EMFILE)
-        cancel = None
+    cancel = switch_or_none()  # None without fds for it: the checks run without one
     started = time.monotonic()
     # A bar redrawn between the streamed lines would garble them.
     progress = _Progress(0 if args.verbose else len(claims), sys.stderr)

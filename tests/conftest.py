@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import psutil
@@ -73,6 +73,16 @@ def group_members(pgid: int) -> list[int]:
         except (ProcessLookupError, psutil.Error):
             continue
     return found
+
+
+def wait_for(predicate: Callable[[], object], bound: float) -> bool:
+    """Poll predicate with a bound."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
 
 
 def wait_dead(pids: Iterable[int], within: float = 5.0) -> list[int]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import as_nobody, importable_env, python_module_argv
+from conftest import as_nobody, importable_env, python_module_argv, wait_for
 
 import boundedproc
 import grader._cli as cli
@@ -789,16 +789,6 @@ def test_module_runs_the_example_claims(tmp_path: Path) -> None:
     assert {line["verdict"] for line in lines} == {v.value for v in Verdict}
     assert any(line["duplicate_of"] for line in lines)
     assert "total" in proc.stderr
-
-
-def wait_for(predicate: Any, bound: float) -> bool:
-    """Poll predicate with a bound."""
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return bool(predicate())
 
 
 def gone(pid: int) -> bool:

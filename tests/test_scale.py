@@ -20,7 +20,14 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import SIGINT_PRELUDE, UNDER_ASAN, fork_with_threads, wait_dead, wait_for_pids
+from conftest import (
+    SIGINT_PRELUDE,
+    UNDER_ASAN,
+    fork_with_threads,
+    wait_dead,
+    wait_for,
+    wait_for_pids,
+)
 
 from boundedproc import CANCEL_EXIT_CODE, Cancel, Job, ProcessFailed, Result, _scale
 from boundedproc._native import CONTAIN_SUPPORTED
@@ -549,7 +556,7 @@ def _end_async_pool() -> None:
     pool, _scale._async_pool = _scale._async_pool, None
     if pool is not None:
         pool.shutdown(wait=False)  # its idle threads end now, their supervisors with them
-    assert _wait_until(lambda: _async_threads() == 0)
+    assert wait_for(lambda: _async_threads() == 0, 10)
 
 
 @pytest.fixture
@@ -560,15 +567,6 @@ def fresh_async_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(_scale, "ASYNC_IDLE_SECONDS", 0.3)
     yield
     _end_async_pool()
-
-
-def _wait_until(check: Any, within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.mark.skipif(not CONTAIN_SUPPORTED, reason="no containment supervisor here")
@@ -587,7 +585,7 @@ def test_run_async_threads_and_their_supervisors_end_once_idle_after_a_burst(
 
     assert all(r.ok for r in asyncio.run(main()))
     assert during == [(threads + n, supervisors + n)]
-    assert _wait_until(lambda: (_async_threads(), _supervisors()) == (threads, supervisors)), \
+    assert wait_for(lambda: (_async_threads(), _supervisors()) == (threads, supervisors), 10), \
         f"left: {_async_threads() - threads} threads, {_supervisors() - supervisors} supervisors"
 
 
@@ -609,7 +607,7 @@ def test_run_async_reuses_the_last_idle_threads_so_the_rest_end(fresh_async_pool
     after_burst, after_trickle = asyncio.run(main())
     assert after_burst == threads + 8
     assert after_trickle == threads + 2, "the trickle kept other threads warm"
-    assert _wait_until(lambda: _async_threads() == threads)
+    assert wait_for(lambda: _async_threads() == threads, 10)
 
 
 def test_async_pool_queues_work_past_its_threads_and_hands_back_errors() -> None:
@@ -631,7 +629,7 @@ def test_async_pool_queues_work_past_its_threads_and_hands_back_errors() -> None
     assert [f.result(10) for f in futures if f is not futures[3]] == [0, 10, 20, 40, 50]
     assert isinstance(futures[3].exception(10), KeyError)
     assert sorted(order) == [0, 1, 2, 3, 4, 5]
-    assert _wait_until(lambda: pool.threads() == 0)
+    assert wait_for(lambda: pool.threads() == 0, 10)
     pool.shutdown(wait=False)
     with pytest.raises(RuntimeError):
         pool.submit(job, 9)
@@ -681,7 +679,7 @@ def test_async_pool_without_a_new_thread_queues_for_a_busy_one(
     assert pool.threads() == 1 and not second.done()
     gate.set()
     assert second.result(10) == first.result(10)  # the same thread ran both, in turn
-    assert _wait_until(lambda: pool.threads() == 0)
+    assert wait_for(lambda: pool.threads() == 0, 10)
     with pytest.raises(NoThread):
         pool.submit(lambda: None)
     pool.shutdown()
