@@ -660,6 +660,41 @@ def test_threads_leave_no_supervisor_behind() -> None:
     assert count() <= start
 
 
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_a_supervisor_let_go_is_reaped_as_it_exits_not_after_a_sleep(tmp_path: Path) -> None:
+    """Letting a supervisor go (its thread ended, run_many's end) reaps it as it exits.
+
+    The core waits on a pidfd; it used to retry every millisecond, so each release took
+    a whole 1 ms sleep (about 1.1 ms: a thread that runs once took twice as long, a
+    run_many call 1 ms more).  Traced, no 1 ms sleep is left, and every release is seen.
+    """
+    trace = tmp_path / "trace"
+    script = """
+        import threading
+        from boundedproc import run
+        from boundedproc._scale import run_many
+        for _ in range(10):  # each thread's supervisor is let go as the thread ends
+            t = threading.Thread(target=run, args=(["true"],))
+            t.start()
+            t.join()
+        for _ in range(5):  # each call's 4 workers let theirs go at its end
+            assert all(r.ok for r in run_many([["true"]] * 4, jobs=4))
+        print("done")
+    """
+    done = subprocess.run(
+        ["strace", "-ff", "-qq", "-e", "trace=nanosleep,clock_nanosleep,wait4", "-o", str(trace),
+         sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True, text=True, timeout=120, env=importable_env(), check=False)
+    assert done.stdout == "done\n", done.stderr
+    lines = [ln for part in tmp_path.glob("trace.*") for ln in part.read_text().splitlines()]
+    millisecond_sleeps = [ln for ln in lines if "sleep(" in ln and "tv_nsec=1000000}" in ln]
+    assert millisecond_sleeps == []
+    # The releases happened (each supervisor reaped by its pid, 30 of them at least).
+    reaped = [ln for ln in lines if ln.startswith("wait4(") and "WNOHANG" in ln
+              and not ln.endswith((") = 0", "(No child processes)"))]
+    assert len(reaped) >= 30, lines
+
+
 def test_rlimit_nofile_edge_in_this_process() -> None:
     """Out of fds in the caller: a spawn failed result, and containment is not turned off."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
