@@ -78,6 +78,7 @@ struct sup {
     int kids_fd;          /* /proc/self/task/TID/children, open for good; -1: none */
     volatile int32_t *page;  /* the page shared with the core (bp_supervisor.h), or NULL */
     int held[2];          /* the child's stdout and stderr ends, held until FINAL; -1: none */
+    int parent_died;      /* the kernel's SIGHUP was read (drain_signals) */
     /* ours at our start (the caller's), for a leader to take back once the core has
      * pinned us (bp_supervisor.h).  Room for 8192 CPUs, the most any kernel configures
      * (x86's MAXSMP; other architectures allow fewer): with less than the machine's
@@ -298,10 +299,19 @@ static long signal_round(struct sup *s, int leader_reaped, int sig, long *alive)
     return n;
 }
 
-static void nap_ms(long ms)
+static int drain_signals(struct sup *s, int *chld);
+
+/* Wait up to ms for a child to die (SIGCHLD on the signalfd), without losing a
+ * parent death read meanwhile (drain_signals keeps it).  Killed processes die
+ * within microseconds; sleeping the whole ms instead cost a run that left an
+ * orphan about 1.2 ms, and one more for each round. */
+static void await_child(struct sup *s, int ms)
 {
-    struct timespec ts = {0, ms * 1000000L};
-    (void)nanosleep(&ts, NULL);
+    struct pollfd p = {s->sfd, POLLIN, 0};
+    if (poll(&p, 1, ms) > 0) {
+        int chld = 0;
+        (void)drain_signals(s, &chld);
+    }
 }
 
 /* Kill everything, reap the leader and every orphan, report FINAL. */
@@ -334,7 +344,7 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
         if (found == 0 || now_ns() > until)
             break;
         if (left > 0)
-            nap_ms(round < 10 ? 1 : 10);
+            await_child(s, round < 10 ? 1 : 10);
     }
     if (found > 0 && left == 0)
         left = 1;  /* out of budget with children just handed over: not all seen dead */
@@ -546,15 +556,14 @@ static void close_run_fds(struct run_fds *fds)
 static int drain_signals(struct sup *s, int *chld)
 {
     struct signalfd_siginfo si;
-    int parent_died = 0;
     while (read(s->sfd, &si, sizeof si) == (ssize_t)sizeof si) {
         if (si.ssi_signo == SIGCHLD)
             *chld = 1;
         else if (si.ssi_signo == SIGHUP && si.ssi_code == SI_USER
                  && (pid_t)si.ssi_pid == s->caller)
-            parent_died = 1;
+            s->parent_died = 1;  /* kept: await_child may have read it */
     }
-    return parent_died || getppid() != s->caller;
+    return s->parent_died || getppid() != s->caller;
 }
 
 /* Serve one run from its RUN command to FINAL.  Returns 0, or -1 when the
@@ -719,6 +728,8 @@ int main(int argc, char **argv)
         return 1;
 
     for (;;) {
+        if (s.parent_died)
+            return 0;  /* read while a run ended (await_child) */
         struct pollfd p[3] = {{s.sock, POLLIN, 0}, {s.sfd, POLLIN, 0}, {s.caller_fd, POLLIN, 0}};
         int rc = poll(p, s.caller_fd >= 0 ? 3 : 2, s.caller_fd >= 0 ? -1 : 1000);
         if (rc < 0 && errno != EINTR)
