@@ -61,7 +61,11 @@ def create(uid: int | None, gid: int | None) -> str:
             is left behind).  ``run()`` turns this into a ``spawn failed:``
             result.
     """
-    path = tempfile.mkdtemp(prefix=PREFIX)
+    try:
+        path = tempfile.mkdtemp(prefix=PREFIX)
+    except FileNotFoundError:
+        _raise_if_out_of_fds()
+        raise
     if uid is not None or gid is not None:
         try:
             os.chown(path, -1 if uid is None else uid, -1 if gid is None else gid)
@@ -69,6 +73,23 @@ def create(uid: int | None, gid: int | None) -> str:
             os.rmdir(path)
             raise
     return os.path.abspath(path)
+
+
+def _raise_if_out_of_fds() -> None:
+    """Raise EMFILE (or ENFILE) if that is why ``tempfile`` found no usable directory.
+
+    ``gettempdir()`` probes each candidate by making a file in it and treats any
+    failure as "not usable", so with no fd left it reports ENOENT ("No usable
+    temporary directory found"), which would send a caller looking for a missing
+    directory.  Asking for one fd tells the two apart.
+    """
+    try:
+        fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno in (errno.EMFILE, errno.ENFILE):
+            raise
+        return
+    os.close(fd)
 
 
 def _why(err: OSError, path: str) -> str:
