@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -21,8 +22,17 @@ UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 # waits forever (seen: a forked child's core threads stuck in ASan's allocator, in
 # test_fork_while_a_batch_runs).  glibc's malloc resets its locks in the child, so only
 # the sanitizer pass skips the tests that fork while other threads of theirs are running.
-fork_with_threads = pytest.mark.skipif(
+_skip_under_asan = pytest.mark.skipif(
     UNDER_ASAN, reason="ASan's allocator (GCC 12) is not fork-safe while other threads allocate")
+# Python 3.12+ warns at a fork of a multi-threaded process; these tests fork so on purpose.
+_forks_on_purpose = pytest.mark.filterwarnings(
+    r"ignore:This process \(pid=\d+\) is multi-threaded, use of fork\(\):DeprecationWarning")
+
+
+def fork_with_threads(test: Any) -> Any:
+    """For a test that os.fork()s this process while threads of its own run (fork safety):
+    skipped under ASan, and Python 3.12's warning about it is expected."""
+    return _skip_under_asan(_forks_on_purpose(test))
 
 # For the same reason, no thread of the suite's own process may wake by itself: tqdm's monitor
 # thread (started by the first progress bar, a grader or run_many test) wakes every 10 s and

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pty
 import re
 import select
 import shlex
@@ -740,18 +739,29 @@ def test_foreground_signals_the_command_alone(contain: bool, reaper: list[int]) 
 # --- a terminal ---------------------------------------------------------------------
 
 
+# Started on the pty's slave end in a session of its own, it makes the pty its controlling
+# terminal and becomes the program: what pty.fork() does, without forking this process
+# (the suite's threads make a fork of it unsafe: see conftest).
+_ON_TTY = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+           "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
 class Terminal:
     """A program on a new pty: what it writes is read back; closed with all its session."""
 
     def __init__(self, argv: Sequence[str], env: dict[str, str]) -> None:
-        pid, fd = pty.fork()
-        if pid == 0:  # pragma: no cover - the child
-            try:
-                os.execvpe(argv[0], list(argv), env)
-            finally:
-                os._exit(127)
-        self.pid, self.fd, self.out = pid, fd, b""
+        master, slave = os.openpty()
+        try:
+            self.proc = subprocess.Popen([PY, "-c", _ON_TTY, *argv], stdin=slave, stdout=slave,
+                                         stderr=slave, env=env, start_new_session=True)
+        finally:
+            os.close(slave)
+        self.pid, self.fd, self.out = self.proc.pid, master, b""
         self.status: int | None = None
+
+    def _reaped(self, status: int) -> None:
+        self.status = status
+        self.proc.returncode = os.waitstatus_to_exitcode(status)  # Popen must not reap it
 
     def send(self, data: bytes) -> None:
         os.write(self.fd, data)
@@ -781,7 +791,7 @@ class Terminal:
         while self.status is None:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
-                self.status = status
+                self._reaped(status)
                 break
             assert time.monotonic() < deadline, f"still running: {self.out!r}"
             self._read(0.05)
@@ -795,7 +805,7 @@ class Terminal:
             except (ProcessLookupError, PermissionError):
                 continue
         if self.status is None:
-            os.waitpid(self.pid, 0)
+            self._reaped(os.waitpid(self.pid, 0)[1])
         os.close(self.fd)
 
 
