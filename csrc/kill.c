@@ -93,8 +93,13 @@ static int exit_status_from_pidfd(const struct bp_run *run, int *status)
 #if defined(__linux__)
     if (run->res->exit_watch != BP_WATCH_PIDFD || run->exit_fd < 0)
         return 0;
-    /* The kernel records the exit in the pidfd as it releases the task, a moment after
-     * the pidfd turned readable and wait4 stopped seeing it: ask again, briefly. */
+    /* The kernel records the exit in the pidfd as it starts to release the task, a
+     * moment after the pidfd turned readable and wait4 stopped seeing it, and before it
+     * lets the pid go: ask again, briefly.  Once the pid names no task (kill(pid, 0) says
+     * ESRCH), a kernel that records exits has this one, so the next answer is final:
+     * Linux 6.13 and 6.14 have PIDFD_GET_INFO but no PIDFD_INFO_EXIT, and would say
+     * ESRCH for the whole wait.  A pid reused meanwhile only brings back the wait. */
+    int released = 0;
     for (int i = 0; i < 400; i++) {
         struct bp_pidfd_info info;
         memset(&info, 0, sizeof info);
@@ -105,9 +110,14 @@ static int exit_status_from_pidfd(const struct bp_run *run, int *status)
         } else if (info.mask & BP_PIDFD_INFO_EXIT) {
             *status = info.exit_code;
             return 1;
-        }  /* no exit yet, or a kernel before 6.15 that never has one: at most 0.1 s */
-        struct timespec ts = {0, 250000};
-        nanosleep(&ts, NULL);
+        }
+        if (released)
+            return 0;  /* released, and no exit recorded: a kernel before 6.15 */
+        released = kill(run->pid, 0) < 0 && errno == ESRCH;
+        if (!released) {  /* not yet released: at most 0.1 s */
+            struct timespec ts = {0, 250000};
+            nanosleep(&ts, NULL);
+        }
     }
     return 0;
 #else
@@ -140,9 +150,10 @@ int bp__reap(struct bp_run *run)
     do {
         r = wait4(run->pid, &status, 0, &ru);
     } while (r < 0 && errno == EINTR);
+    int e = errno;  /* wait4's, whatever the pidfd is asked below */
     run->reaped = 1;
     struct bp_result *res = run->res;
-    if (r < 0 && errno == ECHILD && exit_status_from_pidfd(run, &status)) {
+    if (r < 0 && e == ECHILD && exit_status_from_pidfd(run, &status)) {
         /* Reaped by the kernel (the caller ignores SIGCHLD) or by a handler of the caller's
          * (waitpid(-1)): the status came from the pidfd; the resource use is lost. */
         r = run->pid;
@@ -151,7 +162,6 @@ int bp__reap(struct bp_run *run)
     bp__close_fd(&run->exit_fd);
     bp__close_fd(&run->watch_pipe_w);
     if (r < 0) {
-        int e = errno;
         bp__record_unknown_status(res);
         if (res->err_stage == BP_STAGE_NONE) {
             res->err_stage = BP_STAGE_WAIT;

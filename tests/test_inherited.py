@@ -17,9 +17,10 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
-from conftest import as_nobody, importable_env, pids_in, wait_dead
+from conftest import UNDER_ASAN, as_nobody, importable_env, pids_in, wait_dead
 
 from boundedproc import Limits, run
 
@@ -60,12 +61,12 @@ def use_up_fds():
 
 
 def child(code: str, *, wrapper: list[str] | None = None, timeout: float = 120.0,
-          **kw: object) -> object:
+          extra_env: dict[str, str] | None = None, **kw: object) -> object:
     """Run PRELUDE + code in a fresh Python; the code prints one JSON value last."""
     script = PRELUDE + textwrap.dedent(code)
     argv = [*(wrapper or []), sys.executable, "-c", script]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                          env=importable_env(), check=False, **kw)
+                          env={**importable_env(), **(extra_env or {})}, check=False, **kw)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -123,6 +124,71 @@ def test_sigchld_with_sa_nocldwait(contain: bool, clean: dict[bool, object]) -> 
         print(json.dumps(report({contain})))
     """)
     assert got == clean[contain]
+
+
+# Makes this kernel answer PIDFD_GET_INFO as an older one does.  Built with -DNO_GET_INFO,
+# as before Linux 6.13: ENOTTY.  Without, as 6.13 and 6.14: never with the exit
+# (PIDFD_INFO_EXIT, bit 3, is taken out of every request), ESRCH once the task is released.
+PRE_6_15_SHIM = r"""
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+struct info64 { uint64_t words[8]; };
+static unsigned long asked;
+unsigned long bp_test_asked(void) { return asked; }
+int ioctl(int fd, unsigned long request, ...)
+{
+    va_list ap;
+    va_start(ap, request);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    if (request == _IOWR(0xFF, 11, struct info64)) {
+        asked++;
+#ifdef NO_GET_INFO
+        errno = ENOTTY;
+        return -1;
+#endif
+        ((struct info64 *)arg)->words[0] &= ~(1ULL << 3);
+    }
+    return (int)syscall(SYS_ioctl, fd, request, arg);
+}
+"""
+
+
+@pytest.mark.parametrize("kernel", ["6.13", "6.12"])
+def test_a_kernel_without_pidfd_exit_info_costs_no_wait(kernel: str, tmp_path: Path) -> None:
+    """Uncontained, SIGCHLD ignored, on a kernel with PIDFD_GET_INFO but no exit in it
+    (6.13, 6.14): each run asks the pidfd once or twice and ends, where it used to ask 400
+    times over 0.1 s.  There and on a kernel without PIDFD_GET_INFO the status is lost, and
+    the result says what the README says: 137, ``runner failed: ECHILD`` (wait4's error,
+    not the pidfd's ESRCH or ENOTTY)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or sys.platform != "linux":
+        pytest.skip("needs Linux and a C compiler")
+    if UNDER_ASAN:
+        pytest.skip("ASan interposes ioctl itself")
+    shim = tmp_path / "pre615.so"
+    (tmp_path / "pre615.c").write_text(PRE_6_15_SHIM)
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", *(["-DNO_GET_INFO"] if kernel == "6.12" else []),
+                    "-o", str(shim), str(tmp_path / "pre615.c")], check=True)
+    got = child("""
+        import ctypes
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        results = [run(["sh", "-c", "exit 3"], timeout=20, contain=False) for _ in range(5)]
+        asked = ctypes.CDLL(None).bp_test_asked
+        asked.restype = ctypes.c_ulong
+        print(json.dumps([asked(), [[r.exit_code, r.spawned, r.runner_error] for r in results]]))
+    """, extra_env={"LD_PRELOAD": str(shim)})
+    asked, fields = got
+    if asked == 0:
+        pytest.skip("the core watched these leaders without a pidfd (a kernel before 5.2)")
+    assert 5 <= asked <= (5 if kernel == "6.12" else 15), f"{asked} PIDFD_GET_INFO calls, 5 runs"
+    for code, spawned, error in fields:
+        assert (code, spawned) == (137, True)
+        assert error.startswith("runner failed") and "ECHILD" in error, error
 
 
 @MODES
