@@ -33,6 +33,8 @@ import os
 import pwd
 from dataclasses import dataclass
 
+from boundedproc._native import spawn_failed
+
 __all__ = ["Ids", "Unresolved", "resolve"]
 
 
@@ -71,7 +73,7 @@ class Unresolved:
 
 
 def _unknown(what: str, ident: int | str, why: str, more: str = "") -> Unresolved:
-    return Unresolved(f"spawn failed: ENOENT ({why}): {what} {ident!r}{more}")
+    return Unresolved(spawn_failed(errno.ENOENT, why, f"{what} {ident!r}{more}"))
 
 
 def _group_id(group: int | str) -> int | Unresolved:
@@ -88,9 +90,8 @@ def _group_list(name: str, gid: int) -> tuple[int, ...] | Unresolved:
         groups = os.getgrouplist(name, gid)
     except OSError as err:  # the group database failed us: say which errno
         code = err.errno or errno.EIO
-        text = (f"spawn failed: {errno.errorcode.get(code, f'errno {code}')} "
-                f"({os.strerror(code)}): getgrouplist for user {name!r}")
-        return Unresolved(text, code)
+        return Unresolved(spawn_failed(code, os.strerror(code), f"getgrouplist for user {name!r}"),
+                          code)
     # getgrouplist puts gid first; keep each group once, in its order.
     return tuple(dict.fromkeys([gid, *groups]))
 

@@ -324,6 +324,13 @@ def errno_name(err: int) -> str:
     return _errno.errorcode.get(err, f"errno {err}")
 
 
+def spawn_failed(code: int, why: str, what: str) -> str:
+    """The ``runner_error`` of a run the system refused ``what`` before its spawn:
+    ``spawn failed: ENOENT (why): what``, the errno's name first (SPEC 9.1).  The one
+    place Python builds this text; the core builds its own for the steps it takes."""
+    return f"spawn failed: {errno_name(code)} ({why}): {what}"
+
+
 def assert_never_state(condition: bool, what: str) -> None:
     """The one helper for the runner's own impossible states.
 

@@ -199,8 +199,8 @@ def _execute_in_tmpdir(prepared: Prepared, spec: _native.NativeSpec, started: fl
         # (every probe refused, as when the process has no fd left) it would raise again;
         # then its own message says where it looked.
         where = tempfile.tempdir
-        why = (f"spawn failed: {_native.errno_name(code)} ({err.strerror or os.strerror(code)}): "
-               + (f"tmpdir under {where!r}" if where is not None else "tmpdir"))
+        why = _native.spawn_failed(code, err.strerror or os.strerror(code),
+                                   "tmpdir" if where is None else f"tmpdir under {where!r}")
         return _not_spawned(replace(prepared, runner_error=why), started), None
     entry = b"TMPDIR=" + os.fsencode(path)
     envp = [e for e in (spec.envp if spec.envp is not None else [])

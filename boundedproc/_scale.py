@@ -200,8 +200,7 @@ def _run_watching(switch: Cancel, cmd: Any, options: dict[str, Any]) -> AnyResul
 
 def _refusal(code: int, what: str, program: str) -> str:
     """The ``runner_error`` of a run refused ``what`` (errno ``code``) before its spawn."""
-    return (f"spawn failed: {_native.errno_name(code)} ({os.strerror(code)}): {what} for "
-            f"{program!r}")
+    return _native.spawn_failed(code, os.strerror(code), f"{what} for {program!r}")
 
 
 def _refused(dry: AnyResult, code: int, what: str, check: bool) -> AnyResult:
