@@ -195,9 +195,10 @@ def _execute_in_tmpdir(prepared: Prepared, spec: _native.NativeSpec, started: fl
         path = _tmpdir.create(prepared.ids.uid, prepared.ids.gid)
     except OSError as err:
         code = err.errno or 0
-        # tempfile.tempdir, not gettempdir(): where gettempdir() found no usable directory
-        # (every probe refused, as when the process has no fd left) it would raise again;
-        # then its own message says where it looked.
+        # tempfile.tempdir, not gettempdir(): where tempfile found no usable directory
+        # (no fd left for its probes, which _tmpdir.create reports as EMFILE or ENFILE;
+        # or none writable, ENOENT) gettempdir() would raise again; the text then names
+        # no directory.
         where = tempfile.tempdir
         why = _native.spawn_failed(code, err.strerror or os.strerror(code),
                                    "tmpdir" if where is None else f"tmpdir under {where!r}")
