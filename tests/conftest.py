@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import time
@@ -115,6 +116,15 @@ def wait_for_pids(path: os.PathLike[str] | str, within: float = 20.0) -> list[in
     while not f.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     return pids_in(f.read_text())
+
+
+def c_compiler() -> str:
+    """The machine's C compiler (``cc``, else ``gcc``), for a test that builds a small
+    program of its own; the test is skipped without one."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    return cc
 
 
 def importable_env() -> dict[str, str]:

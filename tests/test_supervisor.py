@@ -23,6 +23,7 @@ import pytest
 from conftest import (
     alive,
     as_nobody,
+    c_compiler,
     fork_with_threads,
     importable_env,
     pids_in,
@@ -135,9 +136,7 @@ def _parent_signaller(tmp_path_factory: pytest.TempPathFactory, sig: str) -> Pat
     parent `sig` at once, before its supervisor can have reported it started.  The record
     comes first: a SIGKILLed supervisor's leader dies of its parent-death signal, which may
     come before the leader's next instruction (at once, when both share a CPU)."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
+    cc = c_compiler()
     d = tmp_path_factory.mktemp("signaller")
     src = d / "signaller.c"
     src.write_text(textwrap.dedent("""
@@ -809,9 +808,9 @@ def test_caller_oom_killed_kills_the_run(tmp_path: Path) -> None:
 
 def test_unkillable_escapee_as_non_root(tmp_path_factory: pytest.TempPathFactory) -> None:
     """A setuid-root daemon a non-root caller cannot kill: escaped, and the bound still holds."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if os.geteuid() != 0 or cc is None:
-        pytest.skip("needs root (to make a setuid-root program) and a C compiler")
+    if os.geteuid() != 0:
+        pytest.skip("needs root (to make a setuid-root program)")
+    cc = c_compiler()
     d = Path(tempfile.mkdtemp(prefix="bp-unkillable-"))
     try:
         os.chmod(d, 0o755)
