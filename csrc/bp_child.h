@@ -1,17 +1,29 @@
 /*
- * bp_child.h: what a freshly vforked child does before it execs the command.
+ * bp_child.h: what a freshly started child does before it execs the command.
  *
  * One copy of the pre-exec steps serves both ways a command starts: the
- * core's own vfork child (spawn.c, an uncontained run) and the supervisor's
- * (supervisor.c, a contained run).  Everything here runs between vfork() and
- * execve(): async-signal-safe calls only, no allocation, nothing written that
- * the parent reads but the error report.  The child shares the parent's
- * memory (CLONE_VM, or vfork()) and the parent sleeps until the child execs
- * or exits (CLONE_VFORK), so a failing child writes its report straight into
- * the parent's struct: no pipe is needed to learn why a start failed.
- * Identity changes use the
- * raw system calls: glibc's setuid() would broadcast the change to every
- * thread of the process, and a vfork child would signal the parent's threads.
+ * core's own vfork-style child (spawn.c, an uncontained run) and the
+ * supervisor's (supervisor.c, a contained run).  Everything here runs between
+ * the clone and execve(): no allocation, no C library state, nothing written
+ * that the parent reads but the error report.  The child shares the parent's
+ * memory (CLONE_VM, or vfork()), so a failing child writes its report straight
+ * into the parent's struct: no pipe is needed to learn why a start failed.
+ *
+ * Two ways to wait for it (bp_child_start):
+ *   - the parent sleeps until the child execs or exits (CLONE_VFORK), and
+ *     knows at once whether the start worked: the core's own starts;
+ *   - the parent runs on beside it (Linux on x86_64 and aarch64, where the
+ *     steps below make raw system calls): the supervisor, which then never
+ *     sleeps and wakes around a leader's exec (two context switches a run),
+ *     and learns a failed start from the report when the leader exits.
+ *
+ * Running beside its parent, the child shares its parent's thread-local
+ * storage too, errno included: so on Linux every step is a raw system call
+ * (bp_sys, which returns -errno and never writes errno), and identity changes
+ * never go through glibc's setuid(), which would also broadcast the change to
+ * every thread of the process (a vfork child would signal the parent's
+ * threads).  Elsewhere (macOS) the steps use the C library, and the parent
+ * always sleeps until the exec.
  */
 #ifndef BP_CHILD_H
 #define BP_CHILD_H
@@ -19,6 +31,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -40,6 +53,148 @@
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+/* ---- the child's system calls ---------------------------------------------------- */
+
+#if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
+/* A child may run beside its parent (bp_child_start's wait_exec 0). */
+#define BP_CHILD_BESIDE 1
+/* A system call that leaves errno alone: the result, or -errno (-4095..-1). */
+static inline long bp_sys(long nr, long a, long b, long c, long d, long e)
+{
+#if defined(__x86_64__)
+    long ret;
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8)
+                     : "rcx", "r11", "memory");
+    return ret;
+#else
+    register long x8 __asm__("x8") = nr;
+    register long x0 __asm__("x0") = a;
+    register long x1 __asm__("x1") = b;
+    register long x2 __asm__("x2") = c;
+    register long x3 __asm__("x3") = d;
+    register long x4 __asm__("x4") = e;
+    __asm__ volatile("svc 0"
+                     : "+r"(x0)
+                     : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4)
+                     : "memory", "cc");
+    return x0;
+#endif
+}
+#elif defined(__linux__)
+/* Other architectures: through the C library (errno is written, so the parent
+ * always waits: BP_CHILD_BESIDE is not defined). */
+static inline long bp_sys(long nr, long a, long b, long c, long d, long e)
+{
+    long r = syscall(nr, a, b, c, d, e);
+    return r == -1 ? -errno : r;
+}
+#endif
+
+#ifdef __linux__
+#define BP_SYS0(nr) bp_sys((nr), 0, 0, 0, 0, 0)
+#define BP_SYS1(nr, a) bp_sys((nr), (long)(a), 0, 0, 0, 0)
+#define BP_SYS2(nr, a, b) bp_sys((nr), (long)(a), (long)(b), 0, 0, 0)
+#define BP_SYS3(nr, a, b, c) bp_sys((nr), (long)(a), (long)(b), (long)(c), 0, 0)
+#define BP_SYS4(nr, a, b, c, d) bp_sys((nr), (long)(a), (long)(b), (long)(c), (long)(d), 0)
+
+/* The kernel's struct rlimit64 (prlimit64) and sigaction (rt_sigaction). */
+struct bp_k_rlimit {
+    uint64_t cur, max;
+};
+struct bp_k_sigaction {
+    unsigned long handler, flags, restorer;
+    uint64_t mask;
+};
+
+static inline long bpc_getppid(void) { return BP_SYS0(SYS_getppid); }
+static inline long bpc_getpid(void) { return BP_SYS0(SYS_getpid); }
+static inline long bpc_setsid(void) { return BP_SYS0(SYS_setsid); }
+static inline long bpc_close(int fd) { return BP_SYS1(SYS_close, fd); }
+static inline long bpc_chdir(const char *path) { return BP_SYS1(SYS_chdir, path); }
+static inline long bpc_dup2(int from, int to)
+{
+    /* dup3 (aarch64 has no dup2) refuses from == to: then only clear close-on-exec. */
+    return from == to ? BP_SYS3(SYS_fcntl, to, F_SETFD, 0) : BP_SYS3(SYS_dup3, from, to, 0);
+}
+static inline long bpc_set_cloexec(int fd) { return BP_SYS3(SYS_fcntl, fd, F_SETFD, FD_CLOEXEC); }
+static inline long bpc_default_action(int sig)
+{
+    struct bp_k_sigaction dfl = {(unsigned long)SIG_DFL, 0, 0, 0};
+    return BP_SYS4(SYS_rt_sigaction, sig, &dfl, 0, sizeof dfl.mask);
+}
+static inline long bpc_unblock_all(void)
+{
+    uint64_t none = 0;
+    return BP_SYS4(SYS_rt_sigprocmask, SIG_SETMASK, &none, 0, sizeof none);
+}
+static inline long bpc_getrlimit(int resource, struct bp_k_rlimit *rl)
+{
+    return BP_SYS4(SYS_prlimit64, 0, resource, 0, rl);
+}
+static inline long bpc_setrlimit(int resource, const struct bp_k_rlimit *rl)
+{
+    return BP_SYS4(SYS_prlimit64, 0, resource, rl, 0);
+}
+static inline long bpc_execve(const char *path, char *const *argv, char *const *envp)
+{
+    return BP_SYS3(SYS_execve, path, argv, envp);
+}
+__attribute__((noreturn)) static inline void bpc_exit(int code)
+{
+    for (;;)
+        (void)BP_SYS1(SYS_exit_group, code);
+}
+#else
+static inline long bpc_ret(long r) { return r < 0 ? -errno : r; }
+struct bp_k_rlimit {
+    uint64_t cur, max;
+};
+static inline long bpc_getppid(void) { return getppid(); }
+static inline long bpc_getpid(void) { return getpid(); }
+static inline long bpc_setsid(void) { return bpc_ret(setsid()); }
+static inline long bpc_close(int fd) { return bpc_ret(close(fd)); }
+static inline long bpc_chdir(const char *path) { return bpc_ret(chdir(path)); }
+static inline long bpc_dup2(int from, int to) { return bpc_ret(dup2(from, to)); }
+static inline long bpc_set_cloexec(int fd) { return bpc_ret(fcntl(fd, F_SETFD, FD_CLOEXEC)); }
+static inline long bpc_default_action(int sig)
+{
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    return bpc_ret(sigaction(sig, &dfl, NULL));
+}
+static inline long bpc_unblock_all(void)
+{
+    sigset_t none;
+    sigemptyset(&none);
+    return bpc_ret(sigprocmask(SIG_SETMASK, &none, NULL));
+}
+static inline long bpc_getrlimit(int resource, struct bp_k_rlimit *rl)
+{
+    struct rlimit r;
+    if (getrlimit(resource, &r) < 0)
+        return -errno;
+    rl->cur = (uint64_t)r.rlim_cur;
+    rl->max = (uint64_t)r.rlim_max;
+    return 0;
+}
+static inline long bpc_setrlimit(int resource, const struct bp_k_rlimit *rl)
+{
+    struct rlimit r = {(rlim_t)rl->cur, (rlim_t)rl->max};
+    return bpc_ret(setrlimit(resource, &r));
+}
+static inline long bpc_execve(const char *path, char *const *argv, char *const *envp)
+{
+    execve(path, argv, envp);
+    return -errno;
+}
+__attribute__((noreturn)) static inline void bpc_exit(int code) { _exit(code); }
 #endif
 
 /* Why a start failed: written by the child into the parent's memory. */
@@ -78,12 +233,12 @@ struct bp_child_args {
 };
 
 __attribute__((noreturn)) static inline void bp_child_fail(const struct bp_child_args *a,
-                                                            int stage, int err)
+                                                            int stage, long neg_err)
 {
     volatile struct bp_child_error *report = a->report;
-    report->err = err;
+    report->err = (int)-neg_err;
     report->stage = stage != BP_STAGE_NONE ? stage : BP_STAGE_EXEC;
-    _exit(BP_SPAWN_FAILURE_EXIT_CODE);
+    bpc_exit(BP_SPAWN_FAILURE_EXIT_CODE);
 }
 
 static inline int bp_child_rlimit_resource(int index)
@@ -100,35 +255,38 @@ static inline int bp_child_rlimit_resource(int index)
     }
 }
 
-static inline int bp_child_set_ids(const struct bp_child_args *a, int *stage)
+/* Take the ids asked for; 0, or -errno with *stage set. */
+static inline long bp_child_set_ids(const struct bp_child_args *a, int *stage)
 {
 #ifdef __linux__
     /* Becoming who we already are (a caller that is not root naming its own user) changes
      * nothing, and its groups stay as they are: setgroups() would need a privilege. */
-    int same_uid = a->uid < 0 || ((uid_t)a->uid == getuid() && (uid_t)a->uid == geteuid());
-    int same_gid = a->gid < 0 || ((gid_t)a->gid == getgid() && (gid_t)a->gid == getegid());
+    int same_uid = a->uid < 0
+                   || (a->uid == BP_SYS0(SYS_getuid) && a->uid == BP_SYS0(SYS_geteuid));
+    int same_gid = a->gid < 0
+                   || (a->gid == BP_SYS0(SYS_getgid) && a->gid == BP_SYS0(SYS_getegid));
     if (same_uid && same_gid)
         return 0;
+    long r;
     if (a->ngroups >= 0) {
         *stage = BP_STAGE_SETGROUPS;
-        if (syscall(SYS_setgroups, (size_t)a->ngroups, a->groups) < 0)
-            return -1;
+        if ((r = BP_SYS2(SYS_setgroups, (size_t)a->ngroups, a->groups)) < 0)
+            return r;
     }
     if (a->gid >= 0) {
         *stage = BP_STAGE_SETGID;
-        if (syscall(SYS_setresgid, (gid_t)a->gid, (gid_t)a->gid, (gid_t)a->gid) < 0)
-            return -1;
+        if ((r = BP_SYS3(SYS_setresgid, a->gid, a->gid, a->gid)) < 0)
+            return r;
     }
     if (a->uid >= 0) {
         *stage = BP_STAGE_SETUID;
-        if (syscall(SYS_setresuid, (uid_t)a->uid, (uid_t)a->uid, (uid_t)a->uid) < 0)
-            return -1;
+        if ((r = BP_SYS3(SYS_setresuid, a->uid, a->uid, a->uid)) < 0)
+            return r;
     }
 #else
     if (a->ngroups >= 0 || a->gid >= 0 || a->uid >= 0) {
         *stage = BP_STAGE_SETUID;
-        errno = ENOSYS;
-        return -1;
+        return -ENOSYS;
     }
 #endif
     return 0;
@@ -136,15 +294,14 @@ static inline int bp_child_set_ids(const struct bp_child_args *a, int *stage)
 
 /* Try each candidate path as execvp does, except that ENOEXEC is reported
  * and never retried through /bin/sh.  Returns only on failure, with the
- * errno to report (EACCES if any candidate was not executable). */
-static inline int bp_child_exec(char *const *paths, char *const *argv, char *const *envp)
+ * -errno to report (EACCES if any candidate was not executable). */
+static inline long bp_child_exec(char *const *paths, char *const *argv, char *const *envp)
 {
     int saw_eacces = 0;
-    int last = ENOENT;
+    long last = -ENOENT;
     for (char *const *p = paths; *p != NULL; p++) {
-        execve(*p, argv, envp);
-        int e = errno;
-        switch (e) {
+        long e = bpc_execve(*p, argv, envp);
+        switch (-e) {
         case EACCES:
             saw_eacces = 1;
             last = e;
@@ -163,7 +320,23 @@ static inline int bp_child_exec(char *const *paths, char *const *argv, char *con
             return e;
         }
     }
-    return saw_eacces ? EACCES : last;
+    return saw_eacces ? -EACCES : last;
+}
+
+/* Mark every fd from 3 up close-on-exec: close_range (Linux 5.9), else one by
+ * one up to the fd limit. */
+static inline void bp_child_cloexec_rest(void)
+{
+#if defined(__linux__) && defined(SYS_close_range)
+    if (BP_SYS3(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0)
+        return;
+#endif
+    struct bp_k_rlimit rl = {0, 0};
+    uint64_t max = bpc_getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.cur : 0;
+    if (max == 0 || max > (1U << 20))
+        max = 1U << 20;
+    for (int fd = 3; fd < (int)max; fd++)
+        (void)bpc_set_cloexec(fd);
 }
 
 /*
@@ -172,93 +345,80 @@ static inline int bp_child_exec(char *const *paths, char *const *argv, char *con
  * nor an ignored SIGCHLD; a clean parent has nothing to reset, and skips the
  * 62 system calls); a new session; stdio; every other fd closed on exec;
  * limits; the CPU mask (a pinned parent's child); cwd; groups, gid, uid; the
- * signal mask emptied (the parent blocked every signal around vfork, so no
- * handler ran in the borrowed address space); exec.  Never returns.
+ * signal mask emptied (the parent blocked every signal around the clone, so no
+ * handler ran in the shared address space); exec.  Never returns.
  */
 __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child_args *a)
 {
+    long r;
 #ifdef __linux__
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
-        bp_child_fail(a, BP_STAGE_PRCTL, errno);
-    if (getppid() != a->parent)
-        _exit(BP_SPAWN_FAILURE_EXIT_CODE);  /* the parent is already gone */
+    if ((r = BP_SYS2(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL)) < 0)
+        bp_child_fail(a, BP_STAGE_PRCTL, r);
 #endif
+    if (bpc_getppid() != a->parent)
+        bpc_exit(BP_SPAWN_FAILURE_EXIT_CODE);  /* the parent is already gone */
     if (!a->clean_parent) {
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof dfl);
-        dfl.sa_handler = SIG_DFL;
         for (int sig = 1; sig < NSIG; sig++) {
-            if (sig == SIGKILL || sig == SIGSTOP)
-                continue;
-            (void)sigaction(sig, &dfl, NULL);
+            if (sig != SIGKILL && sig != SIGSTOP)
+                (void)bpc_default_action(sig);
         }
     }
-    if (a->new_session && setsid() < 0)
-        bp_child_fail(a, BP_STAGE_SETSID, errno);
+    if (a->new_session && (r = bpc_setsid()) < 0)
+        bp_child_fail(a, BP_STAGE_SETSID, r);
 
     int src[3] = {a->in, a->out, a->err};
     for (int fd = 0; fd < 3; fd++) {
         if (src[fd] < 0)
-            (void)close(fd);
-        else if (dup2(src[fd], fd) < 0)
-            bp_child_fail(a, BP_STAGE_DUP, errno);
+            (void)bpc_close(fd);
+        else if ((r = bpc_dup2(src[fd], fd)) < 0)
+            bp_child_fail(a, BP_STAGE_DUP, r);
     }
-#if defined(__linux__) && defined(SYS_close_range)
-    if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
-#endif
-    {
-        long max = sysconf(_SC_OPEN_MAX);
-        if (max < 0 || max > (1L << 20))
-            max = 1L << 20;
-        for (int fd = 3; fd < (int)max; fd++)
-            (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
-    }
+    bp_child_cloexec_rest();
 
     for (int i = 0; i < BP_NRLIMITS; i++) {
         if (a->rlimits_soft[i] < 0 && a->rlimits_hard[i] < 0)
             continue;
         int resource = bp_child_rlimit_resource(i);
         if (resource < 0)
-            bp_child_fail(a, BP_STAGE_RLIMIT, EINVAL);
-        struct rlimit rl;
-        if (getrlimit(resource, &rl) < 0)
-            bp_child_fail(a, BP_STAGE_RLIMIT, errno);
+            bp_child_fail(a, BP_STAGE_RLIMIT, -EINVAL);
+        struct bp_k_rlimit rl;
+        if ((r = bpc_getrlimit(resource, &rl)) < 0)
+            bp_child_fail(a, BP_STAGE_RLIMIT, r);
         if (a->rlimits_soft[i] >= 0)
-            rl.rlim_cur = (rlim_t)a->rlimits_soft[i];
+            rl.cur = (uint64_t)a->rlimits_soft[i];
         if (a->rlimits_hard[i] >= 0)
-            rl.rlim_max = (rlim_t)a->rlimits_hard[i];
-        if (setrlimit(resource, &rl) < 0)
-            bp_child_fail(a, BP_STAGE_RLIMIT, errno);
+            rl.max = (uint64_t)a->rlimits_hard[i];
+        if ((r = bpc_setrlimit(resource, &rl)) < 0)
+            bp_child_fail(a, BP_STAGE_RLIMIT, r);
     }
 #ifdef __linux__
     /* Fails only when none of those CPUs is allowed any more (a cpuset changed);
      * the command then runs where the kernel lets it, as the caller does. */
     if (a->cpu_mask != NULL)
-        (void)syscall(SYS_sched_setaffinity, 0, a->cpu_mask_len, a->cpu_mask);
+        (void)BP_SYS3(SYS_sched_setaffinity, 0, a->cpu_mask_len, a->cpu_mask);
 #endif
-    if (a->cwd != NULL && chdir(a->cwd) < 0)
-        bp_child_fail(a, BP_STAGE_CHDIR, errno);
+    if (a->cwd != NULL && (r = bpc_chdir(a->cwd)) < 0)
+        bp_child_fail(a, BP_STAGE_CHDIR, r);
     int stage = 0;
-    if (bp_child_set_ids(a, &stage) < 0)
-        bp_child_fail(a, stage, errno);
+    if ((r = bp_child_set_ids(a, &stage)) < 0)
+        bp_child_fail(a, stage, r);
 
-    sigset_t none;
-    sigemptyset(&none);
-    (void)sigprocmask(SIG_SETMASK, &none, NULL);
+    (void)bpc_unblock_all();
     if (a->leader_slot != NULL) {
         /* The core learns the leader's pid even if the supervisor dies
          * between our exec and its own report, and without a wakeup. */
-        *a->leader_slot = (int32_t)getpid();
-    } else if (a->hello_fd >= 0) {
+        *a->leader_slot = (int32_t)bpc_getpid();
+    }
+#ifdef __linux__
+    else if (a->hello_fd >= 0) {
         struct bp_sup_msg m;
         memset(&m, 0, sizeof m);
         m.type = BP_MSG_LEADER;
-        m.pid = (int32_t)getpid();
-        ssize_t n;
-        do {
-            n = send(a->hello_fd, &m, sizeof m, MSG_NOSIGNAL);
-        } while (n < 0 && errno == EINTR);
+        m.pid = (int32_t)bpc_getpid();
+        while (BP_SYS4(SYS_sendto, a->hello_fd, &m, sizeof m, MSG_NOSIGNAL) == -EINTR)
+            ;
     }
+#endif
     bp_child_fail(a, BP_STAGE_EXEC, bp_child_exec(a->exec_paths, a->argv, a->envp));
 }
 
@@ -288,27 +448,37 @@ static int bp_child_entry(void *a)
 #endif
 
 /*
- * bp_child_start: start the child and wait until it has exec'd or failed.
+ * bp_child_start: start the child; with wait_exec, wait until it has exec'd
+ * or failed.
  *
- * On Linux the child is started with clone(CLONE_VM | CLONE_VFORK) on
- * `stack` (stack_size bytes, the caller's): vfork()'s semantics, whatever a
- * sanitizer does to vfork(), plus, when pidfd is not NULL, the child's pidfd
+ * On Linux the child is started with clone(CLONE_VM) on `stack` (stack_size
+ * bytes, the caller's), plus, when pidfd is not NULL, the child's pidfd
  * (CLONE_PIDFD), made before the child can run.  A kernel before 5.2 refuses
  * CLONE_PIDFD with EINVAL: it is asked again without (*pidfd = -1), as when
  * one of the parent's fds 0..2 is closed (the pidfd would take it, and the
- * child's dup2() onto it would fail with EBUSY).  Elsewhere: vfork().
+ * child's dup2() onto it would fail with EBUSY).
+ *
+ * wait_exec 1: CLONE_VFORK too, vfork()'s semantics whatever a sanitizer does
+ * to vfork() (elsewhere: vfork() itself).  Returns the child's pid once it
+ * exec'd; -1 when it could not be started (*stage BP_STAGE_FORK) or a pre-exec
+ * step failed (*stage says which; the child has been reaped); *err is the
+ * errno either way.
+ *
+ * wait_exec 0 (only where BP_CHILD_BESIDE is defined; the parent must be
+ * clean): returns the child's pid at once, and the child runs beside us on our
+ * memory.  Until it is reaped, *a, all it points to and the stack must stay as
+ * they are, and the stack serves no other child.  A failed step shows in
+ * *a->report once it exits (status BP_SPAWN_FAILURE_EXIT_CODE); a pipe whose
+ * write end (close-on-exec) is open across the start reads EOF once the child
+ * has exec'd or exited, which tells "about to exec" apart from "exec'd".
  *
  * Unless the parent is clean, every signal is blocked around the start, so
  * that no handler of the parent's runs in the lent address space; the child
  * empties its mask before exec.
- *
- * Returns the child's pid once it exec'd.  Returns -1 when it could not be
- * started (*stage BP_STAGE_FORK) or a pre-exec step failed (*stage says
- * which; the child has been reaped); *err is the errno either way.
  */
 __attribute__((noinline)) static pid_t bp_child_start(const struct bp_child_args *a, void *stack,
-                                                      size_t stack_size, int *pidfd, int *stage,
-                                                      int *err)
+                                                      size_t stack_size, int *pidfd,
+                                                      int wait_exec, int *stage, int *err)
 {
     volatile struct bp_child_error *report = a->report;
     report->stage = BP_STAGE_NONE;
@@ -320,10 +490,17 @@ __attribute__((noinline)) static pid_t bp_child_start(const struct bp_child_args
         sigfillset(&all);
         pthread_sigmask(SIG_SETMASK, &all, &old);
     }
+#ifdef BP_ASAN
+    __asan_unpoison_memory_region(stack, stack_size);  /* an earlier child's redzones */
+#endif
     pid_t pid;
 #ifdef __linux__
     char *top = (char *)stack + stack_size;
-    int flags = CLONE_VM | CLONE_VFORK | SIGCHLD;
+    int flags = CLONE_VM | SIGCHLD;
+#ifdef BP_CHILD_BESIDE
+    if (wait_exec)
+#endif
+        flags |= CLONE_VFORK;
     int stdio_open = pidfd != NULL && fcntl(0, F_GETFD) >= 0 && fcntl(1, F_GETFD) >= 0
                      && fcntl(2, F_GETFD) >= 0;
     pid = -1;
@@ -345,9 +522,6 @@ __attribute__((noinline)) static pid_t bp_child_start(const struct bp_child_args
     int fork_errno = errno;
     if (!a->clean_parent)
         pthread_sigmask(SIG_SETMASK, &old, NULL);
-#ifdef BP_ASAN
-    __asan_unpoison_memory_region(stack, stack_size);  /* the child's redzones */
-#endif
     if (pid < 0) {
         if (pidfd != NULL)
             *pidfd = -1;
@@ -355,6 +529,15 @@ __attribute__((noinline)) static pid_t bp_child_start(const struct bp_child_args
         *err = fork_errno;
         return -1;
     }
+#ifdef BP_CHILD_BESIDE
+    if (!wait_exec)
+        return pid;  /* it runs on: nothing of its stack or report may be touched */
+#else
+    (void)wait_exec;
+#endif
+#ifdef BP_ASAN
+    __asan_unpoison_memory_region(stack, stack_size);  /* the child's redzones */
+#endif
     if (report->stage != BP_STAGE_NONE) {
         if (pidfd != NULL && *pidfd >= 0) {
             (void)close(*pidfd);

@@ -258,7 +258,7 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
     }
 #endif
     int pidfd = -1;
-    pid_t pid = bp_child_start(&a, stack, CHILD_STACK_SIZE, &pidfd, stage, err);
+    pid_t pid = bp_child_start(&a, stack, CHILD_STACK_SIZE, &pidfd, 1, stage, err);
 #ifdef __linux__
     if (!kept)
         (void)munmap(stack, CHILD_STACK_SIZE);

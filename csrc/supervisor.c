@@ -67,6 +67,7 @@
 #define MAX_KIDS 4096
 #define PROBE_SPAN 32768
 #define DEFAULT_BUDGET_NS 2000000000LL
+#define SETTLE_SIGNAL_MS 100  /* how long a signal waits for a start to settle */
 
 struct sup {
     pid_t self;
@@ -91,6 +92,13 @@ struct sup {
     int new_session;
     int exited;
     int64_t utime_us, stime_us, maxrss_kb;
+    /* Its start (start_leader), which the leader reads on our memory until its exec:
+     * kept as it is until the leader is reaped (end_start). */
+    struct bp_child_args args;
+    struct bp_child_error report;  /* the leader's: a failed pre-exec step */
+    uint32_t groups[256];
+    char *blob, **argv, **envp, **paths;
+    int exec_fd;          /* reads EOF once the leader exec'd or exited; -1: settled */
 };
 
 static int64_t now_ns(void)
@@ -249,6 +257,62 @@ static void release_held(struct sup *s)
     }
 }
 
+/* ---- the leader's start -------------------------------------------------------- */
+
+/* The leader is reaped: let go of what its start kept (start_leader). */
+static void end_start(struct sup *s)
+{
+    free(s->paths);
+    free(s->envp);
+    free(s->argv);
+    free(s->blob);
+    s->paths = s->envp = s->argv = NULL;
+    s->blob = NULL;
+    if (s->exec_fd >= 0)
+        (void)close(s->exec_fd);
+    s->exec_fd = -1;
+}
+
+/* Wait up to ms for the leader's start to settle: it exec'd, or it exited
+ * (the exec pipe's write end, which only the leader holds, closed).  1
+ * settled, 0 not yet. */
+static int settle_start(struct sup *s, int ms)
+{
+    if (s->exec_fd < 0)
+        return 1;
+    struct pollfd p = {s->exec_fd, POLLIN, 0};
+    int rc;
+    do {
+        rc = poll(&p, 1, ms);
+    } while (rc < 0 && errno == EINTR);
+    if (rc <= 0)
+        return 0;
+    (void)close(s->exec_fd);
+    s->exec_fd = -1;
+    return 1;
+}
+
+/* The settled start failed: a pre-exec step (or every execve) failed, and the
+ * leader wrote why just before it exited. */
+static int start_failed(struct sup *s)
+{
+    volatile struct bp_child_error *report = &s->report;
+    return s->leader > 0 && s->exec_fd < 0 && report->stage != BP_STAGE_NONE;
+}
+
+/* A failed start: reap the leader (exiting, with no child: nothing ran), report
+ * SPAWN_FAILED in place of FINAL, and be ready for the next run. */
+static void report_start_failed(struct sup *s)
+{
+    int status = 0;
+    (void)reap_one(s, s->leader, 0, &status);
+    send_simple(s, BP_MSG_SPAWN_FAILED, 0, s->report.stage, s->report.err);
+    s->leader = 0;
+    s->exited = 0;
+    release_held(s);
+    end_start(s);
+}
+
 /* The leader exited and no other child is left: the run's whole tree is
  * gone (every live descendant would be our child, or have a live parent
  * that is) and cannot grow again.  Kill the group (the rule, and harmless),
@@ -262,6 +326,7 @@ static void finish_alone(struct sup *s)
     (void)kill(s->new_session ? -s->leader : s->leader, SIGKILL);
     int status = 0;
     (void)reap_one(s, s->leader, 0, &status);
+    end_start(s);
     m.status = status;
     m.reusable = 1;
     m.utime_us = s->utime_us;
@@ -280,8 +345,11 @@ static void finish_alone(struct sup *s)
 static long signal_round(struct sup *s, int leader_reaped, int sig, long *alive)
 {
     pid_t kids[MAX_KIDS];
-    if (!leader_reaped && s->leader > 0)
+    if (!leader_reaped && s->leader > 0) {
         (void)kill(s->new_session ? -s->leader : s->leader, sig);
+        if (s->new_session && s->exec_fd >= 0)
+            (void)kill(s->leader, sig);  /* it may not lead its session yet */
+    }
     long n = list_children(s, s->leader, kids);
     for (long i = 0; i < n; i++) {
         /* Each is our unreaped child: its pid, and its group id when it
@@ -317,6 +385,14 @@ static void await_child(struct sup *s, int ms)
 /* Kill everything, reap the leader and every orphan, report FINAL. */
 static void finish(struct sup *s, int64_t budget_ns, int report)
 {
+    int64_t until = now_ns() + (budget_ns > 0 ? budget_ns : DEFAULT_BUDGET_NS);
+    /* A start still on its way to the exec is let finish first (bounded): one
+     * that fails is a spawn failure, never a command killed. */
+    (void)settle_start(s, (int)((until - now_ns()) / 1000000));
+    if (start_failed(s)) {
+        report_start_failed(s);
+        return;
+    }
     struct bp_sup_msg m;
     memset(&m, 0, sizeof m);
     m.type = BP_MSG_FINAL;
@@ -324,6 +400,7 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
     (void)signal_round(s, 0, SIGKILL, NULL);
     int status = 0;
     (void)reap_one(s, s->leader, 0, &status);
+    end_start(s);
     m.status = status;
 
     /*
@@ -335,7 +412,6 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
      * live one would have a live ancestor among our children.  Repeat until
      * then or until the budget is spent.
      */
-    int64_t until = now_ns() + (budget_ns > 0 ? budget_ns : DEFAULT_BUDGET_NS);
     long found = 0, left = 0;
     for (int round = 0;; round++) {
         found = signal_round(s, 1, SIGKILL, &left);
@@ -372,14 +448,16 @@ struct run_fds {
 /* An inline spec lands here (the supervisor serves one run at a time). */
 static char inline_spec[BP_SPEC_INLINE_MAX + 1];
 
-static int recv_cmd(struct sup *s, struct bp_sup_cmd *cmd, struct run_fds *fds)
+/* One command; idle 0 (during a run): the inline spec buffer, which the
+ * leader may still be reading, is not offered (a RUN then reads truncated). */
+static int recv_cmd(struct sup *s, struct bp_sup_cmd *cmd, struct run_fds *fds, int idle)
 {
     char cbuf[CMSG_SPACE(sizeof(int) * 4)];
     struct iovec iov[2] = {{cmd, sizeof *cmd}, {inline_spec, BP_SPEC_INLINE_MAX}};
     struct msghdr mh;
     memset(&mh, 0, sizeof mh);
     mh.msg_iov = iov;
-    mh.msg_iovlen = 2;
+    mh.msg_iovlen = idle ? 2 : 1;
     mh.msg_control = cbuf;
     mh.msg_controllen = sizeof cbuf;
     fds->spec = -1;
@@ -442,11 +520,22 @@ static char **split(char **p, char *end, int n)
 #define LEADER_STACK_SIZE (64 * 1024)
 static char leader_stack[LEADER_STACK_SIZE] __attribute__((aligned(64)));
 
-/* Start the leader; returns its pid, or 0 after reporting SPAWN_FAILED. */
+/*
+ * Start the leader; returns its pid, or 0 after reporting SPAWN_FAILED.
+ *
+ * With the shared page (and raw system calls in the child: BP_CHILD_BESIDE)
+ * we do not wait for its exec: it runs its pre-exec steps on our memory while
+ * we go back to our poll, and a failed step is learned when it exits (its
+ * report, start_failed).  Waiting, as vfork does, cost every run two context
+ * switches: our sleep at the clone and our wakeup at its exec.  The exec pipe
+ * (close-on-exec, its write end held by the leader alone) tells us when the
+ * start has settled, for the rare run that must be signalled before then
+ * (settle_start).  Without the page the leader's pid reaches the core only by
+ * our SPAWNED, which must follow its exec: then we wait, as before.
+ */
 static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fds)
 {
     int stage = BP_STAGE_MEMFD, err = EINVAL;
-    char *blob = NULL, **argv = NULL, **envp = NULL, **paths = NULL;
     pid_t pid = 0;
     size_t got = 0;
     if (cmd->spec_len <= 0 || cmd->spec_len > (1LL << 31))
@@ -457,13 +546,13 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
     } else {
         if (fds->spec < 0)
             goto fail;
-        blob = malloc((size_t)cmd->spec_len + 1);
-        if (blob == NULL) {
+        s->blob = malloc((size_t)cmd->spec_len + 1);
+        if (s->blob == NULL) {
             err = ENOMEM;
             goto fail;
         }
         while (got < (size_t)cmd->spec_len) {
-            ssize_t r = pread(fds->spec, blob + got, (size_t)cmd->spec_len - got, (off_t)got);
+            ssize_t r = pread(fds->spec, s->blob + got, (size_t)cmd->spec_len - got, (off_t)got);
             if (r < 0 && errno == EINTR)
                 continue;
             if (r <= 0) {
@@ -472,70 +561,76 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
             }
             got += (size_t)r;
         }
-        blob[got] = '\0';
+        s->blob[got] = '\0';
     }
-    char *base = cmd->inline_spec ? inline_spec : blob;
+    char *base = cmd->inline_spec ? inline_spec : s->blob;
     char *p = base, *end = base + got;
     const char *cwd = NULL;
     if (cmd->has_cwd) {
         cwd = p;
         p += strlen(p) + 1;
     }
-    if ((argv = split(&p, end, cmd->argc)) == NULL || (envp = split(&p, end, cmd->envc)) == NULL
-        || (paths = split(&p, end, cmd->npaths)) == NULL)
+    if ((s->argv = split(&p, end, cmd->argc)) == NULL
+        || (s->envp = split(&p, end, cmd->envc)) == NULL
+        || (s->paths = split(&p, end, cmd->npaths)) == NULL)
         goto fail;
-    uint32_t groups[256];
     int ngroups = cmd->ngroups;
-    if (ngroups > 256)
+    if (ngroups > (int)(sizeof s->groups / sizeof s->groups[0]))
         goto fail;
     if (ngroups > 0) {
         if (p + (size_t)ngroups * sizeof(uint32_t) > end)
             goto fail;
-        memcpy(groups, p, (size_t)ngroups * sizeof(uint32_t));
+        memcpy(s->groups, p, (size_t)ngroups * sizeof(uint32_t));
     }
 
-    struct bp_child_error report;
-    struct bp_child_args a;
-    memset(&a, 0, sizeof a);
-    a.exec_paths = paths;
-    a.argv = argv;
-    a.envp = envp;
-    a.cwd = cwd;
-    a.in = fds->std[0];
-    a.out = fds->std[1];
-    a.err = fds->std[2];
-    a.report = &report;
-    a.clean_parent = 1;  /* main(): every disposition default, every signal blocked */
-    a.new_session = cmd->new_session;
-    a.rlimits_soft = cmd->rlimits_soft;
-    a.rlimits_hard = cmd->rlimits_hard;
-    a.uid = cmd->uid;
-    a.gid = cmd->gid;
-    a.groups = groups;
-    a.ngroups = ngroups;
-    a.parent = s->self;
-    a.leader_slot = s->page;
-    a.hello_fd = s->sock;
+    struct bp_child_args *a = &s->args;
+    memset(a, 0, sizeof *a);
+    a->exec_paths = s->paths;
+    a->argv = s->argv;
+    a->envp = s->envp;
+    a->cwd = cwd;
+    a->in = fds->std[0];
+    a->out = fds->std[1];
+    a->err = fds->std[2];
+    a->report = &s->report;
+    a->clean_parent = 1;  /* main(): every disposition default, every signal blocked */
+    a->new_session = cmd->new_session;
+    a->rlimits_soft = cmd->rlimits_soft;  /* serve()'s caller keeps cmd for the run */
+    a->rlimits_hard = cmd->rlimits_hard;
+    a->uid = cmd->uid;
+    a->gid = cmd->gid;
+    a->groups = s->groups;
+    a->ngroups = ngroups;
+    a->parent = s->self;
+    a->leader_slot = s->page;
+    a->hello_fd = s->sock;
     if (cmd->pinned && s->cpu_mask_len > 0) {
-        a.cpu_mask = s->cpu_mask;
-        a.cpu_mask_len = (size_t)s->cpu_mask_len;
+        a->cpu_mask = s->cpu_mask;
+        a->cpu_mask_len = (size_t)s->cpu_mask_len;
     }
-    pid = bp_child_start(&a, leader_stack, sizeof leader_stack, NULL, &stage, &err);
+    int wait_exec = 1;
+#ifdef BP_CHILD_BESIDE
+    int ep[2];
+    if (s->page != NULL && pipe2(ep, O_CLOEXEC) == 0) {
+        wait_exec = 0;
+        s->exec_fd = ep[0];
+    }
+#endif
+    pid = bp_child_start(a, leader_stack, sizeof leader_stack, NULL, wait_exec, &stage, &err);
+#ifdef BP_CHILD_BESIDE
+    if (!wait_exec)
+        (void)close(ep[1]);  /* now only the leader holds it */
+#endif
     if (pid < 0) {
         pid = 0;
         goto fail;
     }
-    free(paths);
-    free(envp);
-    free(argv);
-    free(blob);
+    if (wait_exec)
+        end_start(s);  /* it exec'd: nothing of ours is read any more */
     return pid;
 
 fail:
-    free(paths);
-    free(envp);
-    free(argv);
-    free(blob);
+    end_start(s);
     send_simple(s, BP_MSG_SPAWN_FAILED, 0, stage, err);
     return 0;
 }
@@ -610,6 +705,11 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
                 if (waitid(P_PID, (id_t)s->leader, &info, WEXITED | WNOHANG | WNOWAIT) == 0
                     && info.si_pid == s->leader) {
                     s->exited = 1;
+                    (void)settle_start(s, 0);  /* it exited: settled */
+                    if (start_failed(s)) {
+                        report_start_failed(s);
+                        return 0;
+                    }
                     if (reap_orphans(s) == 0) {
                         finish_alone(s);  /* saves the core a round trip */
                         return 0;
@@ -628,7 +728,7 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
         if (p[0].revents) {
             struct bp_sup_cmd c;
             struct run_fds none;
-            if (recv_cmd(s, &c, &none) < 0) {
+            if (recv_cmd(s, &c, &none, 0) < 0) {
                 finish(s, 0, 0);  /* the core let go: as KILL, then exit */
                 return -1;
             }
@@ -636,8 +736,17 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
                 finish(s, c.budget_ns, 1);
                 return 0;
             }
-            if (c.type == BP_CMD_SIGNAL)
+            if (c.type == BP_CMD_SIGNAL) {
+                /* The signal is for the command: let a start on its way settle first
+                 * (one stuck before its exec gets it anyway, signal_round). */
+                (void)settle_start(s, SETTLE_SIGNAL_MS);
+                if (start_failed(s)) {
+                    report_start_failed(s);
+                    close_run_fds(&none);
+                    return 0;
+                }
                 (void)signal_round(s, 0, c.sig, NULL);
+            }
             close_run_fds(&none);
         }
     }
@@ -661,6 +770,7 @@ int main(int argc, char **argv)
     s.sock = BP_SUP_FD;
     s.caller_fd = -1;
     s.held[0] = s.held[1] = -1;
+    s.exec_fd = -1;
     if (argc > 2 && atoi(argv[2]) == BP_SUP_PAGE_FD) {  /* the core passed the page */
         void *page = mmap(NULL, BP_SUP_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
                           BP_SUP_PAGE_FD, 0);
@@ -748,7 +858,7 @@ int main(int argc, char **argv)
         if (p[0].revents) {
             struct bp_sup_cmd cmd;
             struct run_fds fds;
-            if (recv_cmd(&s, &cmd, &fds) < 0)
+            if (recv_cmd(&s, &cmd, &fds, 1) < 0)
                 return 0;  /* the core let go */
             if (cmd.type == BP_CMD_RUN) {
                 if (serve(&s, &cmd, &fds) < 0)

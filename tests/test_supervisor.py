@@ -393,6 +393,45 @@ def test_a_run_that_leaves_nothing_wakes_the_caller_once() -> None:
     assert per_run < 1.5, per_run
 
 
+def test_the_supervisor_does_not_sleep_through_each_exec() -> None:
+    """The supervisor starts each leader without waiting for its exec (it runs beside the
+    leader, which makes raw system calls on the shared memory until then): over 300 runs of
+    `true`, the supervisor sleeps about twice a run (waiting for RUN, then for the
+    leader's exit), where a vfork-style start added a third sleep and wakeup at every
+    exec.  Counted as the supervisor's voluntary context switches."""
+    assert run(["true"]).ok  # this thread's supervisor
+    (sup,) = _native.supervisor_pids()[-1:]
+    before = psutil.Process(sup).num_ctx_switches().voluntary
+    for _ in range(300):
+        assert run(["true"]).ok
+    after = psutil.Process(sup).num_ctx_switches().voluntary
+    assert _native.supervisor_pids()[-1:] == [sup]  # the same one throughout
+    per_run = (after - before) / 300
+    assert per_run < 2.5, per_run
+
+
+@pytest.mark.parametrize("case", ["not executable", "missing interpreter", "missing cwd"])
+def test_a_start_that_fails_while_the_deadline_passes_is_a_spawn_failure(
+        case: str, tmp_path: Path) -> None:
+    """A deadline that passes at once sends the kill while the leader may still be on its
+    way to the exec: the supervisor lets the start settle first, so a start that fails is
+    reported as the spawn failure it is (exit 126/127, `spawned` false), never as a command
+    killed at its deadline, 200 times in a row."""
+    noexec = tmp_path / "noexec"
+    noexec.write_text("x")
+    noexec.chmod(0o644)
+    badinterp = tmp_path / "badinterp"
+    badinterp.write_text("#!/nonexistent/interpreter\n")
+    badinterp.chmod(0o755)
+    cmd, cwd, code = {"not executable": ([str(noexec)], None, 126),
+                      "missing interpreter": ([str(badinterp)], None, 127),
+                      "missing cwd": (["true"], str(tmp_path / "gone"), 127)}[case]
+    for _ in range(200):
+        r = run(cmd, cwd=cwd, timeout=1e-6)
+        assert (r.spawned, r.exit_code, r.timed_out) == (False, code, False), r
+        assert r.runner_error is not None and r.runner_error.startswith("spawn failed"), r
+
+
 @pytest.mark.parametrize("free", range(17))
 def test_emfile_at_each_fd_count(free: int) -> None:
     """With 0..16 free fds a run is a result (ok or spawn failed: EMFILE), containment stays on."""
