@@ -14,8 +14,9 @@
  *
  * Its life: it is the child of one calling thread (the core keeps one per
  * thread, see boundedproc/_native.py), a child subreaper, and waits for
- * BP_CMD_RUN on its socket (bp_supervisor.h).  For each run it vforks the
- * leader with the shared pre-exec steps (bp_child.h), reports it, reaps
+ * BP_CMD_RUN on its socket (bp_supervisor.h).  For each run it starts the
+ * leader with the shared pre-exec steps (bp_child.h), beside it rather than
+ * waiting for the exec (start_leader), reaps
  * adopted orphans as they die (their CPU time is summed into the run's), and
  * at BP_CMD_KILL kills the leader's group and every process it adopted,
  * reaps them all, reports, and is ready for the next run.  Nothing of one
