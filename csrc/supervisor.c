@@ -611,16 +611,28 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
     }
     int wait_exec = 1;
 #ifdef BP_CHILD_BESIDE
+    /* A system that refuses clone(CLONE_VM) without CLONE_VFORK or CLONE_THREAD
+     * (qemu-user running another architecture's binaries, valgrind) gets the
+     * waiting start from then on. */
+    static int beside_refused;
     int ep[2];
-    if (s->page != NULL && pipe2(ep, O_CLOEXEC) == 0) {
+    if (s->page != NULL && !beside_refused && pipe2(ep, O_CLOEXEC) == 0) {
         wait_exec = 0;
         s->exec_fd = ep[0];
     }
 #endif
     pid = bp_child_start(a, leader_stack, sizeof leader_stack, NULL, wait_exec, &stage, &err);
 #ifdef BP_CHILD_BESIDE
-    if (!wait_exec)
+    if (!wait_exec) {
         (void)close(ep[1]);  /* now only the leader holds it */
+        if (pid < 0 && (err == EINVAL || err == ENOSYS || err == EPERM)) {
+            (void)close(s->exec_fd);
+            s->exec_fd = -1;
+            wait_exec = 1;
+            pid = bp_child_start(a, leader_stack, sizeof leader_stack, NULL, 1, &stage, &err);
+            beside_refused = pid > 0 || stage != BP_STAGE_FORK;
+        }
+    }
 #endif
     if (pid < 0) {
         pid = 0;

@@ -191,6 +191,56 @@ def test_a_kernel_without_pidfd_exit_info_costs_no_wait(kernel: str, tmp_path: P
         assert error.startswith("runner failed") and "ECHILD" in error, error
 
 
+# Runs in the child: a seccomp filter that refuses clone(CLONE_VM) without CLONE_VFORK or
+# CLONE_THREAD with EINVAL, as qemu-user (another architecture's binaries) and valgrind do.
+REFUSE_CLONE_VM_ALONE = """
+import ctypes, platform
+arch, nr_clone = {"x86_64": (0xC000003E, 56), "aarch64": (0xC00000B7, 220)}[platform.machine()]
+CLONE_VM, CLONE_VFORK, CLONE_THREAD = 0x100, 0x4000, 0x10000
+
+class Insn(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                ("k", ctypes.c_uint32)]
+
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+
+insns = (Insn * 9)(
+    Insn(0x20, 0, 0, 4),                               # A = arch
+    Insn(0x15, 0, 6, arch),                            # other arch: allow
+    Insn(0x20, 0, 0, 0),                               # A = syscall number
+    Insn(0x15, 0, 4, nr_clone),                        # not clone: allow
+    Insn(0x20, 0, 0, 16),                              # A = flags (low word)
+    Insn(0x54, 0, 0, CLONE_VM | CLONE_VFORK | CLONE_THREAD),
+    Insn(0x15, 0, 1, CLONE_VM),                        # CLONE_VM alone: refuse
+    Insn(0x06, 0, 0, 0x00050000 | 22),                 # SECCOMP_RET_ERRNO | EINVAL
+    Insn(0x06, 0, 0, 0x7FFF0000),                      # SECCOMP_RET_ALLOW
+)
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+prog = Prog(len(insns), insns)
+assert libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
+"""
+
+
+def test_a_system_that_refuses_clone_vm_alone_still_runs_contained(
+        clean: dict[bool, object]) -> None:
+    """Under qemu-user or valgrind, clone(CLONE_VM) without CLONE_VFORK fails with EINVAL:
+    the supervisor then starts its leaders the waiting way (as vfork does), and every
+    contained run gets what it gets in a clean process, where each used to fail as
+    ``spawn failed: EINVAL`` at the fork.  The refusal is made by a seccomp filter, which the
+    supervisor inherits."""
+    import platform
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("the filter is written for Linux on x86_64 and aarch64")
+    got = child(REFUSE_CLONE_VM_ALONE + textwrap.dedent("""
+        first = report(True)
+        again = report(True)
+        print(json.dumps([first, again]))
+    """))
+    assert got == [clean[True], clean[True]]
+
+
 @MODES
 def test_a_reaping_sigchld_handler_takes_no_status(contain: bool) -> None:
     """A caller's SIGCHLD handler that reaps with waitpid(-1): 200 runs, every status exact."""
