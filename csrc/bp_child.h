@@ -97,6 +97,25 @@ static inline long bp_sys(long nr, long a, long b, long c, long d, long e)
 #endif
 
 #ifdef __linux__
+/* The 32-bit id calls where the plain ones take 16-bit ids (i386, 32-bit ARM). */
+#ifdef SYS_getuid32
+#define BP_NR_GETUID SYS_getuid32
+#define BP_NR_GETEUID SYS_geteuid32
+#define BP_NR_GETGID SYS_getgid32
+#define BP_NR_GETEGID SYS_getegid32
+#define BP_NR_SETGROUPS SYS_setgroups32
+#define BP_NR_SETRESGID SYS_setresgid32
+#define BP_NR_SETRESUID SYS_setresuid32
+#else
+#define BP_NR_GETUID SYS_getuid
+#define BP_NR_GETEUID SYS_geteuid
+#define BP_NR_GETGID SYS_getgid
+#define BP_NR_GETEGID SYS_getegid
+#define BP_NR_SETGROUPS SYS_setgroups
+#define BP_NR_SETRESGID SYS_setresgid
+#define BP_NR_SETRESUID SYS_setresuid
+#endif
+
 #define BP_SYS0(nr) bp_sys((nr), 0, 0, 0, 0, 0)
 #define BP_SYS1(nr, a) bp_sys((nr), (long)(a), 0, 0, 0, 0)
 #define BP_SYS2(nr, a, b) bp_sys((nr), (long)(a), (long)(b), 0, 0, 0)
@@ -262,25 +281,25 @@ static inline long bp_child_set_ids(const struct bp_child_args *a, int *stage)
     /* Becoming who we already are (a caller that is not root naming its own user) changes
      * nothing, and its groups stay as they are: setgroups() would need a privilege. */
     int same_uid = a->uid < 0
-                   || (a->uid == BP_SYS0(SYS_getuid) && a->uid == BP_SYS0(SYS_geteuid));
+                   || (a->uid == BP_SYS0(BP_NR_GETUID) && a->uid == BP_SYS0(BP_NR_GETEUID));
     int same_gid = a->gid < 0
-                   || (a->gid == BP_SYS0(SYS_getgid) && a->gid == BP_SYS0(SYS_getegid));
+                   || (a->gid == BP_SYS0(BP_NR_GETGID) && a->gid == BP_SYS0(BP_NR_GETEGID));
     if (same_uid && same_gid)
         return 0;
     long r;
     if (a->ngroups >= 0) {
         *stage = BP_STAGE_SETGROUPS;
-        if ((r = BP_SYS2(SYS_setgroups, (size_t)a->ngroups, a->groups)) < 0)
+        if ((r = BP_SYS2(BP_NR_SETGROUPS, (size_t)a->ngroups, a->groups)) < 0)
             return r;
     }
     if (a->gid >= 0) {
         *stage = BP_STAGE_SETGID;
-        if ((r = BP_SYS3(SYS_setresgid, a->gid, a->gid, a->gid)) < 0)
+        if ((r = BP_SYS3(BP_NR_SETRESGID, a->gid, a->gid, a->gid)) < 0)
             return r;
     }
     if (a->uid >= 0) {
         *stage = BP_STAGE_SETUID;
-        if ((r = BP_SYS3(SYS_setresuid, a->uid, a->uid, a->uid)) < 0)
+        if ((r = BP_SYS3(BP_NR_SETRESUID, a->uid, a->uid, a->uid)) < 0)
             return r;
     }
 #else
