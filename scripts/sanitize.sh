@@ -76,10 +76,11 @@ found=$(grep -c 'runtime error:' "$scratch/pytest.log" || true)
 stack_notes=0
 for report in "$reports"/*; do
     [ -e "$report" ] || continue
-    # An uncontained leader runs, until its exec, on a stack of its own (clone with
-    # CLONE_VFORK, csrc/spawn.c) that ASan does not know: before a noreturn call it says it
-    # ignores __asan_handle_no_return, and nothing more. A report holding only that note is
-    # not a finding (spawn.c unpoisons that stack after the exec); any other line is.
+    # A leader runs, until its exec, on a stack of its own that ASan does not know (the
+    # core's child stack, csrc/spawn.c; the supervisor's leader_stack, csrc/supervisor.c):
+    # before a noreturn call it says it ignores __asan_handle_no_return, and nothing more. A
+    # report holding only that note is not a finding (bp_child_start unpoisons that stack
+    # before each start, and after the exec when it waits for it); any other line is.
     if ! grep -v -e 'ASan is ignoring requested __asan_handle_no_return' \
             -e '^False positive error reports may follow' \
             -e '^For details see https://github.com/google/sanitizers/issues/189' \
