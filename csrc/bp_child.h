@@ -57,6 +57,12 @@
 
 /* ---- the child's system calls ---------------------------------------------------- */
 
+/* A resource limit as the steps below pass it (the kernel's struct rlimit64, which
+ * prlimit64 takes on Linux). */
+struct bp_k_rlimit {
+    uint64_t cur, max;
+};
+
 #if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
 /* A child may run beside its parent (bp_child_start's wait_exec 0). */
 #define BP_CHILD_BESIDE 1
@@ -122,10 +128,7 @@ static inline long bp_sys(long nr, long a, long b, long c, long d, long e)
 #define BP_SYS3(nr, a, b, c) bp_sys((nr), (long)(a), (long)(b), (long)(c), 0, 0)
 #define BP_SYS4(nr, a, b, c, d) bp_sys((nr), (long)(a), (long)(b), (long)(c), (long)(d), 0)
 
-/* The kernel's struct rlimit64 (prlimit64) and sigaction (rt_sigaction). */
-struct bp_k_rlimit {
-    uint64_t cur, max;
-};
+/* The kernel's struct sigaction (rt_sigaction). */
 struct bp_k_sigaction {
     unsigned long handler, flags, restorer;
     uint64_t mask;
@@ -171,9 +174,6 @@ __attribute__((noreturn)) static inline void bpc_exit(int code)
 }
 #else
 static inline long bpc_ret(long r) { return r < 0 ? -errno : r; }
-struct bp_k_rlimit {
-    uint64_t cur, max;
-};
 static inline long bpc_getppid(void) { return getppid(); }
 static inline long bpc_getpid(void) { return getpid(); }
 static inline long bpc_setsid(void) { return bpc_ret(setsid()); }
