@@ -190,12 +190,11 @@ class _Supervisor:
 # shared with the supervisor (CLONE_FS), and an idle supervisor is usable only
 # while this thread's ids, limits, affinity, scheduling and the rest of what a
 # child inherits are what they were at its start (sup.c, struct bp_origin); after
-# a change, the next run starts a new one.  The core keeps a supervisor on the CPU
-# its thread runs on (sup.c, pin_to_caller: the hop to it and back is then a context
-# switch, not a wakeup of an idle CPU), unless the kernel keeps moving the thread to
-# another CPU: then it stays where it is (followed again, on trial, once the thread
-# has run elsewhere for 64 runs in a row, then 128, ...).  Its leaders take back
-# the caller's CPU mask.
+# a change, the next run starts a new one.  While no other contained run of the
+# process is in flight, the core pins a supervisor to a CPU other than its thread's
+# (sup.c, pin_to_caller: the command then starts there, and the caller's caches are
+# still warm when it wakes); beside other runs, it leaves it on the thread's mask.
+# Its leaders take back the caller's CPU mask.
 _pool = threading.local()
 _every: weakref.WeakSet[_Supervisor] = weakref.WeakSet()
 _MAX_IDLE = 2

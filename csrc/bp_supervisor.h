@@ -37,16 +37,15 @@
  *                         and left nothing behind.  `reusable` 0: the
  *                         supervisor exits after it (something is left).
  *
- * The CPU: the core pins its supervisor to the CPU the calling thread runs on
- * (sched_setaffinity from outside, only when that CPU changed), so that RUN
- * wakes it on the CPU the caller is about to leave idle rather than on
- * another one; RUN's `pinned` then tells the leader to take back the CPU mask
- * the supervisor started with, which it reads before HELLO: the calling
- * thread's at that start (sup.c replaces a thread's own supervisor when that
- * mask changes; a run_many worker's lives for one call, as batch.c says).
- * Where the kernel keeps moving the caller, the core stops following it and
- * the supervisor stays pinned where it is, following again only on trial
- * (sup.c, pin_to_caller).
+ * The CPU: while no other contained run of the process is in flight, the
+ * core pins its supervisor to a CPU other than the calling thread's
+ * (sched_setaffinity from outside, only when the caller came onto the
+ * supervisor's CPU), so the leader starts away from the caller's caches;
+ * beside other runs it leaves it on the mask it started with (sup.c,
+ * pin_to_caller).  RUN's `pinned` tells the leader to take back that mask,
+ * which the supervisor reads before HELLO: the calling thread's at that start
+ * (sup.c replaces a thread's own supervisor when that mask changes; a
+ * run_many worker's lives for one call, as batch.c says).
  *
  * The shared page: a memfd of one page, the supervisor's fd 4 at its start
  * (BP_SUP_PAGE_FD), mapped shared by the core and the supervisor, and so by
@@ -105,7 +104,7 @@ struct bp_sup_cmd {
     int32_t envc;
     int32_t npaths;
     int32_t ngroups;        /* < 0: unchanged */
-    int32_t pinned;         /* 1: the core has pinned us to its CPU (sup.c, pin_to_caller):
+    int32_t pinned;         /* 1: the core has pinned us to one CPU (sup.c, pin_to_caller):
                                the leader takes back the CPU mask we started with */
     int64_t uid;
     int64_t gid;

@@ -37,6 +37,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,16 +95,28 @@ struct bp_sup {
     int broken;             /* dead, unresponsive or tainted: never reuse */
     pid_t owner;            /* the process that started it */
     int cpu;                /* the CPU it is pinned to (pin_to_caller); -1: not pinned */
-    int pin_stay;           /* stays pinned to `cpu`, not following (pin_to_caller) */
-    int pin_runs, pin_moves;  /* runs and moves of the caller in the current window */
-    int pin_apart, pin_retry;  /* staying: runs in a row the caller ran elsewhere, and
-                                  how many of them bring a trial of following again */
+    int pin_never;          /* its caller's mask has one CPU: nowhere apart to pin it */
 #ifdef __linux__
     struct bp_origin origin;  /* the starting thread's, when it started */
 #endif
 };
 
 #if defined(__linux__) && defined(SOCK_SEQPACKET) && defined(SYS_memfd_create)
+
+/* Contained runs handed to a supervisor and not yet freed, in this process;
+ * reset in a forked child, where none of them is. */
+static int busy_runs;
+static pthread_once_t busy_once = PTHREAD_ONCE_INIT;
+
+static void busy_reset(void)
+{
+    __atomic_store_n(&busy_runs, 0, __ATOMIC_RELAXED);
+}
+
+static void busy_register(void)
+{
+    (void)pthread_atfork(NULL, NULL, busy_reset);
+}
 
 extern char **environ;
 
@@ -374,6 +387,7 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
 
     struct sup_exec x = {path, argv, envp, child_sock, page_fd, errw};
     origin_read(&sup->origin, BP_ORIGIN_ALL);  /* what the supervisor inherits now */
+    (void)pthread_once(&busy_once, busy_register);
     /* CLONE_FS: the supervisor shares this process's cwd, root and umask for good
      * (its exec does not unshare them), so each leader, which gets a copy of them
      * at its start, starts where a child of the caller would start now, also
@@ -620,67 +634,77 @@ static void sup_failed(struct bp_run *run, int how)
 }
 
 /*
- * Keep the supervisor on the CPU the calling thread runs on, and say whether
- * it is pinned.  RUN wakes it just before the caller sleeps; the kernel wakes
- * a task on the CPU it last ran on when that CPU is idle, so an unpinned
- * supervisor is woken on the other, idle CPU, through an interprocessor
- * interrupt (under some hypervisors about 40 us a run, twice: RUN and FINAL).
- * Pinned, it runs where the caller just stopped.  Its affinity is set from
- * here, while it sleeps, and only when the caller's CPU changed; its leaders
- * take back the mask it started with (bp_supervisor.h), so a command gets the
- * caller's.
+ * Where a supervisor runs (and so where its leaders start: a leader is born
+ * with its supervisor's CPU mask and takes back the caller's only in its
+ * pre-exec steps).  A run has three parties: the caller, asleep until FINAL;
+ * the supervisor, a few microseconds of work at each end; and the command,
+ * whose exec, dynamic linking and exit touch far more memory than either.
  *
- * That pays only where the caller stays put.  Some kernels (6.18 under
- * Firecracker, here) wake the caller at FINAL on an idle CPU of the same
- * cache rather than where the supervisor still runs: following it then moves
- * the supervisor after it every run, and the caller's caches go cold each
- * time (0.2-0.3 ms a run of /bin/true, measured).  So after PIN_MOVES_MAX
- * moves within PIN_WINDOW runs the core stops following and leaves the
- * supervisor pinned where it is: the caller settles on another CPU,
- * and the leaders, born on the supervisor's, run there, away from the
- * caller's caches (unpinned, the kernel would start each on the caller's idle
- * CPU: 0.05 ms a run more, measured).
+ *   alone    the only contained run of this process in flight: the core pins
+ *            its supervisor to a CPU other than the caller's (the next one in
+ *            the mask the caller had at the supervisor's start), so the
+ *            command runs there too and the caller's caches are still warm
+ *            when FINAL wakes it.  The pin is set from here, while the
+ *            supervisor sleeps, and only when the caller has come onto the
+ *            supervisor's CPU; RUN's `pinned` tells the leader to take back
+ *            the caller's mask.
+ *   beside others
+ *            another contained run in flight (a run_many batch, threads of
+ *            the caller's own): no pin.  With more runs than CPUs, a pinned
+ *            supervisor would start each command on a CPU the scheduler did
+ *            not choose, and the load balancer would have to move it.
  *
- * Moves can also come from a passing load (other busy threads) on a machine
- * where following pays.  So a caller that has then run apart from its
- * supervisor for pin_retry runs in a row is followed again, on trial: 64 runs
- * after the first stop, twice as many after each next one.  Where the moves
- * come back, a trial costs PIN_MOVES_MAX runs of chasing, ever more rarely.
+ * Measured on 2 CPUs (benchmarks/README.md, "Where the supervisor runs"):
+ * alone, following the caller onto its CPU cost 1.20x and no pin 1.19x the
+ * time of a run pinned apart; beside others, a pin apart cost 1.13x
+ * (run_many, jobs=4) and no pin was the fastest.  A supervisor whose caller
+ * may use one CPU only is never pinned.
  */
-#define PIN_WINDOW 32
-#define PIN_MOVES_MAX 8
-#define PIN_RETRY_FIRST 64
-#define PIN_RETRY_MAX (1 << 20)
 
+/* Whether cpu is in a CPU mask as the kernel lays it out (unsigned longs). */
+static int mask_has(const unsigned char *mask, size_t size, int cpu)
+{
+    size_t bits = 8 * sizeof(unsigned long);
+    size_t word = (size_t)cpu / bits;
+    unsigned long w;
+    if ((word + 1) * sizeof w > size)
+        return 0;
+    memcpy(&w, mask + word * sizeof w, sizeof w);
+    return (int)((w >> ((size_t)cpu % bits)) & 1UL);
+}
+
+/* Pin sup as above; say whether it is pinned. */
 static int pin_to_caller(struct bp_sup *sup)
 {
+    const unsigned char *mask = sup->origin.affinity;
+    size_t size = sizeof sup->origin.affinity;
     int cpu = sched_getcpu();
-    if (sup->pin_stay) {
-        if (cpu == sup->cpu) {
-            sup->pin_apart = 0;
-            return 1;
-        }
-        if (++sup->pin_apart < sup->pin_retry)
-            return 1;
-        sup->pin_stay = 0;  /* follow it again, on trial */
-        sup->pin_runs = sup->pin_moves = sup->pin_apart = 0;
+    if (__atomic_load_n(&busy_runs, __ATOMIC_RELAXED) > 0 || cpu < 0 || sup->pin_never) {
+        if (sup->cpu >= 0 && syscall(SYS_sched_setaffinity, sup->pid, size, mask) == 0)
+            sup->cpu = -1;  /* back to the mask it started with */
+        return sup->cpu >= 0;
     }
-    if (cpu >= 0 && cpu < CPU_SETSIZE && cpu != sup->cpu) {
-        if (sup->cpu >= 0 && ++sup->pin_moves >= PIN_MOVES_MAX) {
-            sup->pin_stay = 1;  /* pin_apart is 0: it counts only while staying */
-            sup->pin_retry = sup->pin_retry == 0 ? PIN_RETRY_FIRST
-                             : sup->pin_retry < PIN_RETRY_MAX ? 2 * sup->pin_retry
-                             : PIN_RETRY_MAX;
-            return 1;
-        }
-        cpu_set_t one;
-        CPU_ZERO(&one);
-        CPU_SET((size_t)cpu, &one);
-        if (sched_setaffinity(sup->pid, sizeof one, &one) == 0)
-            sup->cpu = cpu;
+    if (sup->cpu >= 0 && sup->cpu != cpu)
+        return 1;  /* apart already */
+    int limit = (int)(8 * size);
+    int apart = -1;
+    for (int i = 1; i < limit && apart < 0; i++) {
+        int c = (cpu + i) % limit;
+        if (mask_has(mask, size, c))
+            apart = c;
     }
-    if (++sup->pin_runs >= PIN_WINDOW)
-        sup->pin_runs = sup->pin_moves = 0;
+    if (apart < 0) {
+        sup->pin_never = 1;  /* one CPU: its mask is compared before every run */
+        return sup->cpu >= 0;
+    }
+    /* A mask of that one CPU; the kernel takes the words not given as zero. */
+    size_t bits = 8 * sizeof(unsigned long);
+    size_t word = (size_t)apart / bits;
+    unsigned long set[sizeof sup->origin.affinity / sizeof(unsigned long)];
+    memset(set, 0, sizeof set);
+    set[word] = 1UL << ((size_t)apart % bits);
+    if (syscall(SYS_sched_setaffinity, sup->pid, (word + 1) * sizeof set[0], set) == 0)
+        sup->cpu = apart;
     return sup->cpu >= 0;
 }
 
@@ -756,7 +780,18 @@ int bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err)
      * LEADER), a failed start as SPAWN_FAILED, both taken by the loop (bp__sup_event). */
     run->exit_fd = sup->sock;  /* borrowed: never closed by the run */
     run->sup_pending = 1;
+    run->sup_busy = 1;
+    __atomic_add_fetch(&busy_runs, 1, __ATOMIC_RELAXED);
     return 0;
+}
+
+/* bp__sup_release: the run (being freed) no longer counts as in flight. */
+void bp__sup_release(struct bp_run *run)
+{
+    if (run->sup_busy) {
+        run->sup_busy = 0;
+        __atomic_sub_fetch(&busy_runs, 1, __ATOMIC_RELAXED);
+    }
 }
 
 /* The final kill's budget: what is left of the run's bound (SPEC 2.2 step
@@ -1064,6 +1099,11 @@ int bp__sup_reap(struct bp_run *run)
 {
     (void)run;
     return 0;
+}
+
+void bp__sup_release(struct bp_run *run)
+{
+    (void)run;
 }
 
 #endif
