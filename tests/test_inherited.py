@@ -399,6 +399,18 @@ def hop(cpu):
     os.sched_setaffinity(0, full)
 """
 
+# Another thread's contained run, in flight for about a second once this has run: `t`.
+IN_FLIGHT = """
+started = threading.Event()
+def other():
+    started.set()
+    run(["sleep", "1.5"], timeout=20)
+t = threading.Thread(target=other)
+t.start()
+started.wait()
+time.sleep(0.5)
+"""
+
 
 def test_a_lone_callers_supervisor_runs_on_another_cpu_than_the_caller() -> None:
     """With no other contained run in flight, the supervisor, and so each command at its
@@ -434,16 +446,8 @@ def test_a_supervisor_is_not_pinned_while_other_contained_runs_are_in_flight() -
     a plain exit) stop counting once freed: alone again, the next run is pinned."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one CPU: nowhere apart")
-    got = child(HOP + textwrap.dedent("""
+    got = child(HOP + IN_FLIGHT + textwrap.dedent("""
         from boundedproc import _native
-        started = threading.Event()
-        def other():
-            started.set()
-            run(["sleep", "1.5"], timeout=20)
-        t = threading.Thread(target=other)
-        t.start()
-        started.wait()
-        time.sleep(0.5)  # its run is in flight
         beside = []
         for _ in range(3):
             run(["true"], timeout=20)
@@ -465,18 +469,10 @@ def test_a_forked_child_counts_none_of_its_parents_runs_in_flight() -> None:
     in another thread when it forked."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one CPU: nowhere apart")
-    got = child("""
+    got = child(IN_FLIGHT + textwrap.dedent("""
         import warnings
         warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
         from boundedproc import _native
-        started = threading.Event()
-        def other():
-            started.set()
-            run(["sleep", "1.5"], timeout=20)
-        t = threading.Thread(target=other)
-        t.start()
-        started.wait()
-        time.sleep(0.5)
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -489,7 +485,7 @@ def test_a_forked_child_counts_none_of_its_parents_runs_in_flight() -> None:
         os.waitpid(pid, 0)
         t.join()
         print(json.dumps(dict(pinned_cpus=n)))
-    """)
+    """))
     assert got["pinned_cpus"] == 1, got
 
 
