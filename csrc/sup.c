@@ -655,7 +655,7 @@ static void sup_failed(struct bp_run *run, int how)
  *            not choose, and the load balancer would have to move it.
  *
  * Measured on 2 CPUs (benchmarks/README.md, "Where the supervisor runs"):
- * alone, following the caller onto its CPU cost 1.20x and no pin 1.19x the
+ * alone, following the caller onto its CPU cost 1.22x and no pin 1.14x the
  * time of a run pinned apart; beside others, a pin apart cost 1.13x
  * (run_many, jobs=4) and no pin was the fastest.  A supervisor whose caller
  * may use one CPU only is never pinned.

@@ -416,7 +416,7 @@ def test_a_lone_callers_supervisor_runs_on_another_cpu_than_the_caller() -> None
     """With no other contained run in flight, the supervisor, and so each command at its
     start, runs apart from the caller: the command's exec and exit then leave the
     caller's caches warm for its next run (on 2 CPUs, following the caller onto its CPU
-    cost 1.20x the time of a run pinned apart; benchmarks/README.md).  The pin moves
+    cost 1.22x the time of a run pinned apart; benchmarks/README.md).  The pin moves
     only when the caller comes onto the supervisor's CPU, and the supervisor is the
     same one throughout."""
     if len(os.sched_getaffinity(0)) < 2:
