@@ -19,7 +19,9 @@ the child's); ``many`` times ``run_many`` of 1,000 ``/bin/true`` at
 jobs=4 (B9's shape) and reports microseconds a run, ``many-cpu`` the calling
 process's own CPU a run (user + system) in the same call, ``many-busy`` the
 time a run of 200 while another Python thread of the caller spins (every
-return from C then waits for the GIL).
+return from C then waits for the GIL), ``threads`` four Python threads each
+calling ``run(["/bin/true"])`` 250 times (fresh threads, so fresh supervisors,
+each round) and reports microseconds a run of the whole.
 """
 
 from __future__ import annotations
@@ -70,6 +72,17 @@ for line in sys.stdin:
         d, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
         cpu = c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
         print((cpu if what == "many-cpu" else d) / n * 1e6, flush=True)
+    elif what == "threads":
+        def loop(k):
+            for _ in range(k):
+                bp.run(["/bin/true"], contain=CONTAIN)
+        ts = [threading.Thread(target=loop, args=(n // 4,)) for _ in range(4)]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        print((time.perf_counter() - t0) / (n // 4 * 4) * 1e6, flush=True)
     elif what == "spawn-cpu":
         for _ in range(20):
             bp.run(["/bin/true"], contain=CONTAIN)
@@ -89,7 +102,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("a")
     parser.add_argument("b")
-    parser.add_argument("--what", choices=["capture", "spawn", "spawn-cpu", "many", "many-cpu", "many-busy"],
+    parser.add_argument("--what", choices=["capture", "spawn", "spawn-cpu", "many", "many-cpu", "many-busy",
+                                             "threads"],
                         default="capture")
     parser.add_argument("--bytes", type=int, default=512 << 20)
     parser.add_argument("--reps", type=int, default=8)
