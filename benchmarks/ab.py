@@ -1,7 +1,7 @@
 """A/B: the same measurement on two builds of boundedproc, interleaved call by call.
 
 Usage:
-    python benchmarks/ab.py A_ROOT B_ROOT [--what capture|spawn|spawn-cpu|many|many-cpu|many-busy]
+    python benchmarks/ab.py A_ROOT B_ROOT [--what capture|spawn|spawn-cpu|many|many-cpu|many-busy|threads]
                             [--bytes N] [--reps R] [--uncontained]
 
 A_ROOT and B_ROOT are checkouts with an in-place build (``python
