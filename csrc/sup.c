@@ -80,9 +80,10 @@ struct bp_origin {
      * the thread; run_many's workers start theirs for one call. */
     int personality, ioprio;
     struct rlimit limits[RLIM_NLIMITS];
-    unsigned char affinity[8192 / 8];  /* the CPU mask: room for 8,192 CPUs, the most
-                                        * any kernel configures (with less than its
-                                        * possible CPUs the kernel refuses to fill it) */
+    cpu_set_t affinity[8192 / CPU_SETSIZE];  /* the CPU mask: room for 8,192 CPUs, the
+                                              * most any kernel configures (with less than
+                                              * its possible CPUs the kernel refuses to
+                                              * fill it); read with the CPU_*_S macros */
     uint32_t sched[14];     /* struct sched_attr (56 bytes): policy, flags, nice, priority */
 };
 #define ORIGIN_WHO_SIZE offsetof(struct bp_origin, personality)
@@ -661,26 +662,14 @@ static void sup_failed(struct bp_run *run, int how)
  * may use one CPU only is never pinned.
  */
 
-/* Whether cpu is in a CPU mask as the kernel lays it out (unsigned longs). */
-static int mask_has(const unsigned char *mask, size_t size, int cpu)
-{
-    size_t bits = 8 * sizeof(unsigned long);
-    size_t word = (size_t)cpu / bits;
-    unsigned long w;
-    if ((word + 1) * sizeof w > size)
-        return 0;
-    memcpy(&w, mask + word * sizeof w, sizeof w);
-    return (int)((w >> ((size_t)cpu % bits)) & 1UL);
-}
-
 /* Pin sup as above; say whether it is pinned. */
 static int pin_to_caller(struct bp_sup *sup)
 {
-    const unsigned char *mask = sup->origin.affinity;
+    cpu_set_t *mask = sup->origin.affinity;
     size_t size = sizeof sup->origin.affinity;
     int cpu = sched_getcpu();
     if (__atomic_load_n(&busy_runs, __ATOMIC_RELAXED) > 0 || cpu < 0 || sup->pin_never) {
-        if (sup->cpu >= 0 && syscall(SYS_sched_setaffinity, sup->pid, size, mask) == 0)
+        if (sup->cpu >= 0 && sched_setaffinity(sup->pid, size, mask) == 0)
             sup->cpu = -1;  /* back to the mask it started with */
         return sup->cpu >= 0;
     }
@@ -690,20 +679,19 @@ static int pin_to_caller(struct bp_sup *sup)
     int apart = -1;
     for (int i = 1; i < limit && apart < 0; i++) {
         int c = (cpu + i) % limit;
-        if (mask_has(mask, size, c))
+        if (CPU_ISSET_S((size_t)c, size, mask))
             apart = c;
     }
     if (apart < 0) {
-        sup->pin_never = 1;  /* one CPU: its mask is compared before every run */
+        sup->pin_never = 1;  /* one CPU, and a supervisor's start mask never changes */
         return sup->cpu >= 0;
     }
-    /* A mask of that one CPU; the kernel takes the words not given as zero. */
-    size_t bits = 8 * sizeof(unsigned long);
-    size_t word = (size_t)apart / bits;
-    unsigned long set[sizeof sup->origin.affinity / sizeof(unsigned long)];
-    memset(set, 0, sizeof set);
-    set[word] = 1UL << ((size_t)apart % bits);
-    if (syscall(SYS_sched_setaffinity, sup->pid, (word + 1) * sizeof set[0], set) == 0)
+    /* A mask of that one CPU, only as long as it needs; the kernel takes the rest as 0. */
+    cpu_set_t one[sizeof sup->origin.affinity / sizeof(cpu_set_t)];
+    size_t one_size = CPU_ALLOC_SIZE((size_t)apart + 1);
+    CPU_ZERO_S(one_size, one);
+    CPU_SET_S((size_t)apart, one_size, one);
+    if (sched_setaffinity(sup->pid, one_size, one) == 0)
         sup->cpu = apart;
     return sup->cpu >= 0;
 }
