@@ -423,6 +423,7 @@ def test_a_lone_callers_supervisor_runs_on_another_cpu_than_the_caller() -> None
         pytest.skip("one CPU: nowhere apart")
     got = child(HOP + textwrap.dedent("""
         from boundedproc import _native
+        run(["true"], timeout=20)  # starts the supervisor: the caller waits, and may move
         pairs, pids = [], set()
         for i in range(12):
             cpu = cpus[i % 2]
@@ -434,8 +435,12 @@ def test_a_lone_callers_supervisor_runs_on_another_cpu_than_the_caller() -> None
         print(json.dumps(dict(pairs=pairs, pids=len(pids))))
     """))
     assert got["pids"] == 1, got  # one supervisor throughout, not replaced
-    for cpu, pinned in got["pairs"]:
-        assert len(pinned) == 1 and pinned != [cpu], got
+    assert all(len(pinned) == 1 for _, pinned in got["pairs"]), got
+    # The scheduler may move the caller between a hop and the run's start, where the
+    # test cannot see it (a busy CI machine did, once): two of twelve may read as on
+    # the caller's CPU.  A supervisor that follows the caller reads so in most.
+    beside = [cpu for cpu, pinned in got["pairs"] if pinned == [cpu]]
+    assert len(beside) <= 2, got
 
 
 def test_a_supervisor_is_not_pinned_while_other_contained_runs_are_in_flight() -> None:
