@@ -516,9 +516,14 @@ def test_ids_dropped_while_run_many_iterates_reach_the_later_commands(contain: b
     import pwd
 
     nobody = pwd.getpwnam("nobody")
+    # run_many takes up to WINDOW_PER_JOB * jobs commands ahead of the consumer, and a
+    # loaded machine may run all of them before the drop (as root, rightly): only the
+    # last 12, past that window, are sure to start after it.
     got = child(f"""
         from boundedproc import run_many
-        results = run_many([["id", "-u"]] * 24, jobs=2, contain={contain}, timeout=20)
+        from boundedproc._scale import WINDOW_PER_JOB
+        n = 1 + WINDOW_PER_JOB * 2 + 12
+        results = run_many([["id", "-u"]] * n, jobs=2, contain={contain}, timeout=20)
         first = next(results).stdout.decode().strip()
         os.setgroups([]); os.setresgid({nobody.pw_gid}, {nobody.pw_gid}, {nobody.pw_gid})
         os.setresuid({nobody.pw_uid}, {nobody.pw_uid}, {nobody.pw_uid}); os.chdir("/")
