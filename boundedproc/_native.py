@@ -190,11 +190,9 @@ class _Supervisor:
 # shared with the supervisor (CLONE_FS), and an idle supervisor is usable only
 # while this thread's ids, limits, affinity, scheduling and the rest of what a
 # child inherits are what they were at its start (sup.c, struct bp_origin); after
-# a change, the next run starts a new one.  While no other contained run of the
-# process is in flight, the core pins a supervisor to a CPU other than its thread's
-# (sup.c, pin_to_caller: the command then starts there, and the caller's caches are
-# still warm when it wakes); beside other runs, it leaves it on the thread's mask.
-# Its leaders take back the caller's CPU mask.
+# a change, the next run starts a new one.  A supervisor is never pinned to a CPU:
+# it and its leaders have the thread's mask, and the kernel places them
+# (bp_supervisor.h).
 _pool = threading.local()
 _every: weakref.WeakSet[_Supervisor] = weakref.WeakSet()
 _MAX_IDLE = 2

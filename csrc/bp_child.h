@@ -246,9 +246,6 @@ struct bp_child_args {
     volatile int32_t *leader_slot;  /* not NULL: our pid is written there before exec (memory
                                      * the supervisor shares with the core) */
     int hello_fd;                   /* >= 0 (and no slot): send BP_MSG_LEADER there instead */
-    const void *cpu_mask;           /* not NULL: take this CPU mask (cpu_mask_len bytes); the
-                                     * parent runs pinned to one CPU (the supervisor) */
-    size_t cpu_mask_len;
 };
 
 __attribute__((noreturn)) static inline void bp_child_fail(const struct bp_child_args *a,
@@ -363,9 +360,9 @@ static inline void bp_child_cloexec_rest(void)
  * to its default (Python ignores SIGPIPE, and a check must not inherit that,
  * nor an ignored SIGCHLD; a clean parent has nothing to reset, and skips the
  * 62 system calls); a new session; stdio; every other fd closed on exec;
- * limits; the CPU mask (a pinned parent's child); cwd; groups, gid, uid; the
- * signal mask emptied (the parent blocked every signal around the clone, so no
- * handler ran in the shared address space); exec.  Never returns.
+ * limits; cwd; groups, gid, uid; the signal mask emptied (the parent blocked
+ * every signal around the clone, so no handler ran in the shared address
+ * space); exec.  Never returns.
  */
 __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child_args *a)
 {
@@ -410,12 +407,6 @@ __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child
         if ((r = bpc_setrlimit(resource, &rl)) < 0)
             bp_child_fail(a, BP_STAGE_RLIMIT, r);
     }
-#ifdef __linux__
-    /* Fails only when none of those CPUs is allowed any more (a cpuset changed);
-     * the command then runs where the kernel lets it, as the caller does. */
-    if (a->cpu_mask != NULL)
-        (void)BP_SYS3(SYS_sched_setaffinity, 0, a->cpu_mask_len, a->cpu_mask);
-#endif
     if (a->cwd != NULL && (r = bpc_chdir(a->cwd)) < 0)
         bp_child_fail(a, BP_STAGE_CHDIR, r);
     int stage = 0;

@@ -112,7 +112,6 @@ struct bp_run {
     int sup_final;          /* its FINAL report came and was taken: nothing left to ask */
     int sup_pending;        /* RUN sent; the leader's exec (or its failure) not yet known:
                                pid may still be 0, and the supervisor signals for us */
-    int sup_busy;           /* counted among the contained runs in flight (sup.c) */
     int64_t next_sup_check_ns; /* when to look next whether the command stopped it */
     int64_t bound_end_ns;   /* start + timeout + kill_grace + drain_grace; -1: none */
 };
@@ -139,7 +138,6 @@ void bp__sup_revive(struct bp_sup *sup);
 void bp__sup_signal(struct bp_run *run, int sig);
 void bp__sup_event(struct bp_run *run);
 int bp__sup_reap(struct bp_run *run);
-void bp__sup_release(struct bp_run *run);
 
 /* output.c */
 int bp__read_ready(struct bp_run *run, int out_ready, int err_ready);

@@ -37,15 +37,12 @@
  *                         and left nothing behind.  `reusable` 0: the
  *                         supervisor exits after it (something is left).
  *
- * The CPU: while no other contained run of the process is in flight, the
- * core pins its supervisor to a CPU other than the calling thread's
- * (sched_setaffinity from outside, only when the caller came onto the
- * supervisor's CPU), so the leader starts away from the caller's caches;
- * beside other runs it leaves it on the mask it started with (sup.c,
- * pin_to_caller).  RUN's `pinned` tells the leader to take back that mask,
- * which the supervisor reads before HELLO: the calling thread's at that start
- * (sup.c replaces a thread's own supervisor when that mask changes; a
- * run_many worker's lives for one call, as batch.c says).
+ * The CPU: a supervisor runs on the CPU mask of the thread that started it,
+ * which its leaders inherit (sup.c replaces a thread's own supervisor when
+ * that mask changes; a run_many worker's lives for one call, as batch.c
+ * says), and the kernel places it.  The core never pins it: pinned to one
+ * CPU, it sat on whatever else kept that CPU busy, and each command it
+ * started waited there (benchmarks/README.md, "Where the supervisor runs").
  *
  * The shared page: a memfd of one page, the supervisor's fd 4 at its start
  * (BP_SUP_PAGE_FD), mapped shared by the core and the supervisor, and so by
@@ -75,7 +72,7 @@
 #define BP_CMD_KILL 3
 
 /* This protocol's version, in HELLO's status (0 in every build before it was sent). */
-#define BP_SUP_PROTOCOL 0x62700003
+#define BP_SUP_PROTOCOL 0x62700004
 
 #define BP_MSG_HELLO 1
 #define BP_MSG_LEADER 2
@@ -104,8 +101,7 @@ struct bp_sup_cmd {
     int32_t envc;
     int32_t npaths;
     int32_t ngroups;        /* < 0: unchanged */
-    int32_t pinned;         /* 1: the core has pinned us to one CPU (sup.c, pin_to_caller):
-                               the leader takes back the CPU mask we started with */
+    int32_t pad1;
     int64_t uid;
     int64_t gid;
     int64_t spec_len;       /* bytes of the spec: after this header in the same record

@@ -517,7 +517,6 @@ void bp_free(struct bp_run *run)
     if (run == NULL)
         return;
     bp_abort(run);
-    bp__sup_release(run);
     bp__output_release(run);
     free(run);
 }

@@ -37,7 +37,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,7 +82,7 @@ struct bp_origin {
     cpu_set_t affinity[8192 / CPU_SETSIZE];  /* the CPU mask: room for 8,192 CPUs, the
                                               * most any kernel configures (with less than
                                               * its possible CPUs the kernel refuses to
-                                              * fill it); read with the CPU_*_S macros */
+                                              * fill it) */
     uint32_t sched[14];     /* struct sched_attr (56 bytes): policy, flags, nice, priority */
 };
 #define ORIGIN_WHO_SIZE offsetof(struct bp_origin, personality)
@@ -95,29 +94,12 @@ struct bp_sup {
     volatile int32_t *page; /* shared with it (bp_supervisor.h); NULL: none */
     int broken;             /* dead, unresponsive or tainted: never reuse */
     pid_t owner;            /* the process that started it */
-    int cpu;                /* the CPU it is pinned to (pin_to_caller); -1: not pinned */
-    int pin_never;          /* its caller's mask has one CPU: nowhere apart to pin it */
 #ifdef __linux__
     struct bp_origin origin;  /* the starting thread's, when it started */
 #endif
 };
 
 #if defined(__linux__) && defined(SOCK_SEQPACKET) && defined(SYS_memfd_create)
-
-/* Contained runs handed to a supervisor and not yet freed, in this process;
- * reset in a forked child, where none of them is. */
-static int busy_runs;
-static pthread_once_t busy_once = PTHREAD_ONCE_INIT;
-
-static void busy_reset(void)
-{
-    __atomic_store_n(&busy_runs, 0, __ATOMIC_RELAXED);
-}
-
-static void busy_register(void)
-{
-    (void)pthread_atfork(NULL, NULL, busy_reset);
-}
 
 extern char **environ;
 
@@ -388,7 +370,6 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
 
     struct sup_exec x = {path, argv, envp, child_sock, page_fd, errw};
     origin_read(&sup->origin, BP_ORIGIN_ALL);  /* what the supervisor inherits now */
-    (void)pthread_once(&busy_once, busy_register);
     /* CLONE_FS: the supervisor shares this process's cwd, root and umask for good
      * (its exec does not unshare them), so each leader, which gets a copy of them
      * at its start, starts where a child of the caller would start now, also
@@ -410,7 +391,6 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
     sup->pid = pid;
     sup->sock = sv[0];
     sup->owner = getpid();
-    sup->cpu = -1;
     int e[2] = {0, 0};
     ssize_t n;
     do {
@@ -635,68 +615,6 @@ static void sup_failed(struct bp_run *run, int how)
 }
 
 /*
- * Where a supervisor runs (and so where its leaders start: a leader is born
- * with its supervisor's CPU mask and takes back the caller's only in its
- * pre-exec steps).  A run has three parties: the caller, asleep until FINAL;
- * the supervisor, a few microseconds of work at each end; and the command,
- * whose exec, dynamic linking and exit touch far more memory than either.
- *
- *   alone    the only contained run of this process in flight: the core pins
- *            its supervisor to a CPU other than the caller's (the next one in
- *            the mask the caller had at the supervisor's start), so the
- *            command runs there too and the caller's caches are still warm
- *            when FINAL wakes it.  The pin is set from here, while the
- *            supervisor sleeps, and only when the caller has come onto the
- *            supervisor's CPU; RUN's `pinned` tells the leader to take back
- *            the caller's mask.
- *   beside others
- *            another contained run in flight (a run_many batch, threads of
- *            the caller's own): no pin.  With more runs than CPUs, a pinned
- *            supervisor would start each command on a CPU the scheduler did
- *            not choose, and the load balancer would have to move it.
- *
- * Measured on 2 CPUs (benchmarks/README.md, "Where the supervisor runs"):
- * alone, following the caller onto its CPU cost 1.22x and no pin 1.14x the
- * time of a run pinned apart; beside others, a pin apart cost 1.13x
- * (run_many, jobs=4) and no pin was the fastest.  A supervisor whose caller
- * may use one CPU only is never pinned.
- */
-
-/* Pin sup as above; say whether it is pinned. */
-static int pin_to_caller(struct bp_sup *sup)
-{
-    cpu_set_t *mask = sup->origin.affinity;
-    size_t size = sizeof sup->origin.affinity;
-    int cpu = sched_getcpu();
-    if (__atomic_load_n(&busy_runs, __ATOMIC_RELAXED) > 0 || cpu < 0 || sup->pin_never) {
-        if (sup->cpu >= 0 && sched_setaffinity(sup->pid, size, mask) == 0)
-            sup->cpu = -1;  /* back to the mask it started with */
-        return sup->cpu >= 0;
-    }
-    if (sup->cpu >= 0 && sup->cpu != cpu)
-        return 1;  /* apart already */
-    int limit = (int)(8 * size);
-    int apart = -1;
-    for (int i = 1; i < limit && apart < 0; i++) {
-        int c = (cpu + i) % limit;
-        if (CPU_ISSET_S((size_t)c, size, mask))
-            apart = c;
-    }
-    if (apart < 0) {
-        sup->pin_never = 1;  /* one CPU, and a supervisor's start mask never changes */
-        return sup->cpu >= 0;
-    }
-    /* A mask of that one CPU, only as long as it needs; the kernel takes the rest as 0. */
-    cpu_set_t one[sizeof sup->origin.affinity / sizeof(cpu_set_t)];
-    size_t one_size = CPU_ALLOC_SIZE((size_t)apart + 1);
-    CPU_ZERO_S(one_size, one);
-    CPU_SET_S((size_t)apart, one_size, one);
-    if (sched_setaffinity(sup->pid, one_size, one) == 0)
-        sup->cpu = apart;
-    return sup->cpu >= 0;
-}
-
-/*
  * bp__sup_spawn: hand the run's command to its supervisor.  child[] are the
  * command's stdio ends (-1: closed).  Returns 0 once the supervisor has it
  * (run->sup_pending: the leader's pid and whether its exec worked are learned
@@ -716,7 +634,6 @@ int bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err)
     memset(&cmd, 0, sizeof cmd);
     cmd.type = BP_CMD_RUN;
     cmd.new_session = spec->new_session;
-    cmd.pinned = pin_to_caller(sup);
     cmd.uid = spec->uid;
     cmd.gid = spec->gid;
     for (int i = 0; i < BP_NRLIMITS; i++) {
@@ -768,18 +685,7 @@ int bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err)
      * LEADER), a failed start as SPAWN_FAILED, both taken by the loop (bp__sup_event). */
     run->exit_fd = sup->sock;  /* borrowed: never closed by the run */
     run->sup_pending = 1;
-    run->sup_busy = 1;
-    __atomic_add_fetch(&busy_runs, 1, __ATOMIC_RELAXED);
     return 0;
-}
-
-/* bp__sup_release: the run (being freed) no longer counts as in flight. */
-void bp__sup_release(struct bp_run *run)
-{
-    if (run->sup_busy) {
-        run->sup_busy = 0;
-        __atomic_sub_fetch(&busy_runs, 1, __ATOMIC_RELAXED);
-    }
 }
 
 /* The final kill's budget: what is left of the run's bound (SPEC 2.2 step
@@ -1087,11 +993,6 @@ int bp__sup_reap(struct bp_run *run)
 {
     (void)run;
     return 0;
-}
-
-void bp__sup_release(struct bp_run *run)
-{
-    (void)run;
 }
 
 #endif

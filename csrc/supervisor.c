@@ -81,13 +81,6 @@ struct sup {
     volatile int32_t *page;  /* the page shared with the core (bp_supervisor.h), or NULL */
     int held[2];          /* the child's stdout and stderr ends, held until FINAL; -1: none */
     int parent_died;      /* the kernel's SIGHUP was read (drain_signals) */
-    /* ours at our start (the caller's), for a leader to take back once the core has
-     * pinned us (bp_supervisor.h).  Room for 8192 CPUs, the most any kernel configures
-     * (x86's MAXSMP; other architectures allow fewer): with less than the machine's
-     * possible CPUs the kernel refuses to fill it (EINVAL), and every command would
-     * stay on our one pinned CPU. */
-    unsigned char cpu_mask[8192 / 8];
-    long cpu_mask_len;    /* bytes the kernel filled; <= 0: unknown, the leader keeps ours */
     /* the current run */
     pid_t leader;
     int new_session;
@@ -605,10 +598,6 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
     a->parent = s->self;
     a->leader_slot = s->page;
     a->hello_fd = s->sock;
-    if (cmd->pinned && s->cpu_mask_len > 0) {
-        a->cpu_mask = s->cpu_mask;
-        a->cpu_mask_len = (size_t)s->cpu_mask_len;
-    }
     int wait_exec = 1;
 #ifdef BP_CHILD_BESIDE
     /* A system that refuses clone(CLONE_VM) without CLONE_VFORK or CLONE_THREAD
@@ -844,8 +833,6 @@ int main(int argc, char **argv)
 #endif
     s.proc_ok = proc_is_ours(s.self);
     s.kids_fd = -1;  /* opened at the first need (list_children) */
-    /* Before HELLO: the core pins us only after it (bp_supervisor.h). */
-    s.cpu_mask_len = syscall(SYS_sched_getaffinity, 0, sizeof s.cpu_mask, s.cpu_mask);
     send_simple(&s, BP_MSG_HELLO, (int)s.self, stage, err);
     if (stage != 0)
         return 1;
