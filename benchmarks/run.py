@@ -264,7 +264,32 @@ def bench_latency(quick: bool) -> list[Row]:
                         "leader's exit comes back through it)"))
     else:
         rows.append(Row("B2.wake", what_w, note=f"not measured: {why or 'no contain='}"))
+    rows.append(_busy_row(ours, floor, o / f, quick))
     return rows
+
+
+def _busy_row(ours: Callable[[], object], floor: Callable[[], object], idle: float,
+              quick: bool) -> Row:
+    """B2 again while another process keeps one CPU busy: a runner that puts its work
+    on a CPU the kernel did not choose waits there (a supervisor pinned apart from its
+    caller once took 10x the floor's time a run here; benchmarks/README.md)."""
+    what = "(info) B2 while another process keeps one CPU busy"
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return Row("B2.busy", what, note="not measured: one CPU")
+    hog = subprocess.Popen([sys.executable, "-c",
+                            f"import os\nos.sched_setaffinity(0, {{{cpus[0]}}})\nwhile True: pass"])
+    try:
+        time.sleep(0.2)  # on its CPU and spinning
+        rounds, calls = (3, 20) if quick else (10, 50)
+        s = _interleaved({"ours": ours, "floor": floor}, rounds, calls)
+    finally:
+        hog.kill()
+        hog.wait()
+    o, f = _med(s["ours"]), _med(s["floor"])
+    return Row("B2.busy", what, o, f, "s", o / f, "(info)", None,
+               f"CPU {cpus[0]} kept busy by a spinning process; median of {rounds * calls} "
+               f"calls each; B2 without it: {idle:.2f}x")
 
 
 def bench_overhead(quick: bool) -> list[Row]:
