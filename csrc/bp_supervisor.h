@@ -42,7 +42,7 @@
  * that mask changes; a run_many worker's lives for one call, as batch.c
  * says), and the kernel places it.  The core never pins it: pinned to one
  * CPU, it sat on whatever else kept that CPU busy, and each command it
- * started waited there (benchmarks/README.md, "Where the supervisor runs").
+ * started waited there (benchmarks/README.md, "Never pinned").
  *
  * The shared page: a memfd of one page, the supervisor's fd 4 at its start
  * (BP_SUP_PAGE_FD), mapped shared by the core and the supervisor, and so by

@@ -422,7 +422,7 @@ def test_a_busy_cpu_does_not_hold_a_contained_run() -> None:
     """Another process keeps one CPU busy: the kernel runs the caller on the other, and
     a supervisor pinned apart from the caller sat on the busy one, where each command
     it started waited for its turn (3.9 ms a /bin/true against 0.4 ms: benchmarks/
-    README.md, "Where the supervisor runs").  Unpinned, the supervisor and its leaders
+    README.md, "Never pinned").  Unpinned, the supervisor and its leaders
     go where there is room; its mask is never the busy CPU alone."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one CPU: nowhere else to be")
