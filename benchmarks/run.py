@@ -406,7 +406,7 @@ def bench_throughput(quick: bool) -> list[Row]:
         cb, tl = n / _med(s["cb"]), n / _med(s["tail"])
         rows.append(Row("B4.cb", "B4 with a no-op on_output: throughput vs B4", cb, o, "B/s",
                         cb / o, ">= 0.8x", cb / o >= 0.8,
-                        note + "; every chunk (up to 1 MiB) copied into a bytes and passed"))
+                        note + "; every chunk (up to 256 KiB) copied into a bytes and passed"))
         rows.append(Row("B4.tail", f"(info) B4 with keep='tail', max_output={TAIL_CAP // MiB} "
                         "MiB: throughput vs B4", tl, o, "B/s", tl / o, "(info)", None,
                         note + "; the last bytes in a ring, the rest overwritten"))

@@ -333,8 +333,9 @@ def run(
             (Linux); ``True`` where unsupported raises ``ValueError``.
         on_output: Called in the calling thread as ``on_output(stream, chunk)``
             (``stream`` 1 or 2) for every chunk read from a captured stream,
-            kept or not, in arrival order.  An exception it raises ends the
-            run as Ctrl-C does, then propagates.
+            kept or not, in arrival order; a chunk is one read, at most
+            256 KiB.  An exception it raises ends the run as Ctrl-C does, then
+            propagates.
         keep: Which bytes ``max_output`` keeps across both streams in arrival
             order: the first (``"head"``), the last (``"tail"``), or the first
             half and the last half (``"head+tail"``).

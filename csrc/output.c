@@ -247,10 +247,14 @@ static int ring_reserve(struct bp_run *run, struct bp_stream *s, size_t limit)
 
 /* ---- reading -------------------------------------------------------------- */
 
-/* Scratch with report_chunks: the stdout pipe's size, so that one read (one chunk)
- * empties it.  Kept bytes are read straight into buffers that grow by doubling,
- * so their reads are as large as what the pipe holds, up to PREFAULT_WINDOW. */
-#define BIG_CHUNK ((size_t)1 << 20)
+/* With report_chunks, one read (one chunk) takes at most this much, kept or not.
+ * The caller copies each chunk out (on_output gets a fresh bytes) before the next
+ * read: a quarter of a MiB is still in this CPU's cache when it does, where the
+ * whole 1 MiB pipe read at once was not, and the copy then held the reader (and so
+ * the writer) for long enough to cost a quarter of the capture's speed (B4.cb in
+ * benchmarks/README.md).  Without report_chunks kept bytes are read straight into
+ * buffers that grow by doubling, as much as the pipe holds, up to PREFAULT_WINDOW. */
+#define CHUNK_MAX ((size_t)1 << 18)
 
 #if defined(__linux__)
 /* Fault the next pages of s in before read(), not inside it: a read that
@@ -326,7 +330,7 @@ static int read_once(struct bp_run *run, struct bp_stream *s)
         want = prefault(&t->ring, t->wpos, end - t->wpos);
         where = TO_RING;
     } else {
-        size_t size = spec->report_chunks ? BIG_CHUNK : READ_CHUNK;
+        size_t size = spec->report_chunks ? CHUNK_MAX : READ_CHUNK;
         if (o->scratch_cap < size) {
             free(o->scratch);
             o->scratch_cap = 0;
@@ -338,6 +342,8 @@ static int read_once(struct bp_run *run, struct bp_stream *s)
         want = o->scratch_cap;
         where = TO_SCRATCH;
     }
+    if (spec->report_chunks && want > CHUNK_MAX)
+        want = CHUNK_MAX;
     ssize_t n = read(s->fd, dst, want);
     if (n < 0) {
         if (errno == EINTR)

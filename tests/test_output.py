@@ -128,6 +128,27 @@ def test_every_byte_reaches_the_callback_in_order(contain: bool) -> None:
     assert r.output_bytes == sum(size for _, size, _ in plan)
 
 
+@pytest.mark.parametrize(("keep", "max_output"), [("head", None), ("head", 1000),
+                                                   ("tail", 3 * MiB)])
+def test_a_chunk_is_at_most_a_quarter_of_a_mib(keep: KeepMode, max_output: int | None) -> None:
+    """A full 1 MiB pipe is handed over in pieces of at most 256 KiB, kept (head, tail) or
+    not (past the cap), and nothing is lost: the callback's copy of each is then still in
+    the CPU's cache (benchmarks/README.md, B4.cb)."""
+    size = 8 * MiB
+    chunks: list[bytes] = []
+
+    def on_output(stream: int, chunk: bytes) -> None:
+        if not chunks:
+            time.sleep(0.1)  # the writer fills the 1 MiB pipe meanwhile
+        chunks.append(chunk)
+
+    r = run(["head", "-c", str(size), "/dev/zero"], max_output=max_output, keep=keep,
+            on_output=on_output, timeout=60)
+    assert r.exit_code == 0 and r.output_bytes == size
+    assert sum(len(c) for c in chunks) == size
+    assert max(len(c) for c in chunks) == 256 * 1024
+
+
 def test_merge_stderr_reports_every_chunk_as_stream_1() -> None:
     """merge_stderr: both streams arrive through one pipe, so every chunk is stream 1."""
     chunks, on_output = collector()
