@@ -810,9 +810,10 @@ class Batch:
 
     One thread (``run_many``'s consumer) submits and takes back; each spec, its
     C struct and its ``bp_result`` stay referenced here until its run is taken
-    back.  Each worker keeps its own supervisor, one run at a time (batch.c).
-    ``close`` waits for every worker, so every run in flight ends (or is
-    killed, once its cancel switch is set) before it returns.
+    back.  Each worker keeps its own supervisor, one run at a time (batch.c);
+    once the batch is closed, workers are parked with them for the next batch.
+    ``close`` waits for every worker to leave the batch, so every run in flight
+    ends (or is killed, once its cancel switch is set) before it returns.
     """
 
     __slots__ = ("__weakref__", "_done", "_env", "_forked", "_inflight", "_ptr", "window")
@@ -904,7 +905,8 @@ class Batch:
         return self._ptr
 
     def close(self) -> None:
-        """Wait for every worker (each frees its supervisor) and free the rest."""
+        """Wait for every worker to leave (each parks with its supervisor, or frees it)
+        and free the rest."""
         ptr, self._ptr = self._ptr, None
         if ptr is not None:
             lib.bp_batch_free(ptr)

@@ -19,14 +19,26 @@
  * is looked at before each run (bp__sup_usable) and replaced when a run left
  * it unusable, or when the worker's ids, capabilities, no_new_privs or seccomp
  * mode changed (a caller that drops root while it iterates: glibc changes
- * every thread's ids).  The rest of what a child inherits is compared only by a
- * thread's own pool (run()): a batch lives for one run_many call, and its
- * commands start with the caller's limits, affinity and scheduling as of that
- * call.  Its parent-death signal is tied to the worker thread, which
- * frees it (socket closed, reaped) before it ends; if the whole process dies,
- * it dies with it.  A supervisor that cannot be started is reported with the
- * run (BP_BATCH_NO_SUPERVISOR) and nothing is spawned: the caller decides
+ * every thread's ids).  Its parent-death signal is tied to the worker thread,
+ * which frees it (socket closed, reaped) before it ends; if the whole process
+ * dies, it dies with it.  A supervisor that cannot be started is reported with
+ * the run (BP_BATCH_NO_SUPERVISOR) and nothing is spawned: the caller decides
  * between a spawn failure and an uncontained run, as it does for run().
+ *
+ * Parked workers (Linux): a worker whose batch is freed, with a supervisor that
+ * may serve again, is not ended but parked, for up to PARK_NS, as run_async's
+ * idle threads are; the next batch of any thread of the process takes it up
+ * instead of starting a thread and a supervisor (a run_many call of a few
+ * commands otherwise paid a supervisor's start for each of its jobs:
+ * benchmarks/README.md, "Supervisors kept between run_many calls").  It is taken
+ * only when its supervisor is usable for the submitting thread as a thread's
+ * own pool is for run() (bp__sup_usable with everything compared: ids, limits,
+ * affinity, scheduling; the worker, which starts the batch's uncontained runs,
+ * has what its supervisor has).  Within a batch the rest is compared only at
+ * that taking: the commands of one run_many call start with its caller's
+ * limits, affinity and scheduling as of its start.  A parked worker that is not
+ * taken in time, or whose supervisor is not usable for the taker, ends and
+ * frees its supervisor.  A forked child has none of them (batch_atfork_child).
  *
  * Telling the caller: every wakeup of the caller costs it a trip through the
  * scheduler and a cache gone cold, which at scale is most of its CPU a run
@@ -66,6 +78,10 @@
 /* The longest a finished run waits for company before the caller is told. */
 #define DEFER_NS 2000000
 
+/* How long a parked worker waits to be taken up, and how many may wait. */
+#define PARK_NS 2000000000LL
+#define MAX_PARKED 64
+
 struct item {
     struct item *next;
     const struct bp_spec *spec;
@@ -85,12 +101,30 @@ struct bp_batch {
     int timer_armed;
     int jobs, nthreads, idle, queued, stopping;  /* queued: items in todo */
     int running, ndone;             /* runs a worker has taken up; runs in done */
+    int attached;                   /* workers serving this batch (bp_batch_free waits
+                                       for none) */
+    pthread_cond_t detached_cv;     /* signalled when the last one leaves */
     pid_t owner;
     char *sup_path;
     char *const *sup_envp;          /* the caller's, kept alive until bp_batch_free */
     struct bp_sup **sups;           /* each worker's, for bp_batch_forget */
-    pthread_t *threads;
 };
+
+#ifdef __linux__
+/* A parked worker, on its own stack: the taker sets b and index and signals. */
+struct parked {
+    struct parked *next;
+    pthread_cond_t cv;
+    struct bp_sup *sup;
+    struct bp_batch *b;             /* set by the taker; NULL while parked */
+    int index;
+    int quit;                       /* set by a taker that found its supervisor unusable */
+};
+
+static pthread_mutex_t park_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct parked *parked_head;  /* the most recently parked first */
+static int nparked;
+#endif
 
 struct worker_arg {
     struct bp_batch *b;
@@ -228,19 +262,11 @@ static void disarm(struct bp_batch *b)
 #endif
 }
 
-static void *worker(void *p)
+/* Serve batch b as its worker `index` until it is freed, then leave it: once
+ * attached reaches 0, bp_batch_free may free b at once, so it is not touched
+ * after that. */
+static void serve(struct bp_batch *b, int index, struct bp_sup **sup)
 {
-    struct worker_arg arg = *(struct worker_arg *)p;
-    free(p);
-    struct bp_batch *b = arg.b;
-    struct bp_sup *sup = NULL;
-#ifdef __linux__
-    (void)pthread_setname_np(pthread_self(), BP_BATCH_THREAD_NAME);  /* ps -L, gdb, the tests */
-#endif
-    sigset_t chld;
-    sigemptyset(&chld);
-    sigaddset(&chld, SIGCHLD);
-    pthread_sigmask(SIG_UNBLOCK, &chld, NULL);  /* see "Signals" above */
     pthread_mutex_lock(&b->lock);
     for (;;) {
         struct item *it = pop(&b->todo, &b->todo_last);
@@ -255,7 +281,7 @@ static void *worker(void *p)
         b->queued--;
         b->running++;
         pthread_mutex_unlock(&b->lock);
-        run_item(b, arg.index, &sup, it);
+        run_item(b, index, sup, it);
         it->done.end_ns = bp__now_ns();
         pthread_mutex_lock(&b->lock);
         push(&b->done, &b->done_last, it);
@@ -269,8 +295,154 @@ static void *worker(void *p)
             pthread_mutex_lock(&b->lock);
         }
     }
-    b->sups[arg.index] = NULL;
+    b->sups[index] = NULL;
+    if (--b->attached == 0)
+        pthread_cond_broadcast(&b->detached_cv);
     pthread_mutex_unlock(&b->lock);
+}
+
+#ifdef __linux__
+static void unlink_parked(struct parked *me)
+{
+    for (struct parked **pp = &parked_head; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == me) {
+            *pp = me->next;
+            nparked--;
+            return;
+        }
+    }
+}
+
+/* Park a worker that left its batch with a supervisor that may serve again
+ * (see "Parked workers" above).  Returns 1 with *b and *index set when a new
+ * batch took it up, 0 when it is to end (not parked, timed out, or told to). */
+static int park(struct bp_batch **b, int *index, struct bp_sup *sup)
+{
+    if (sup == NULL || !bp_sup_reusable(sup))
+        return 0;
+    struct parked me;
+    memset(&me, 0, sizeof me);
+    me.sup = sup;
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0)
+        return 0;
+    int rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    if (rc == 0)
+        rc = pthread_cond_init(&me.cv, &attr);
+    pthread_condattr_destroy(&attr);
+    if (rc != 0)
+        return 0;
+    int64_t until_ns = bp__now_ns() + PARK_NS;
+    struct timespec until = {.tv_sec = (time_t)(until_ns / 1000000000LL),
+                             .tv_nsec = (long)(until_ns % 1000000000LL)};
+    int taken = 0;
+    pthread_mutex_lock(&park_lock);
+    if (nparked < MAX_PARKED) {
+        me.next = parked_head;
+        parked_head = &me;
+        nparked++;
+        while (me.b == NULL && !me.quit) {
+            if (pthread_cond_timedwait(&me.cv, &park_lock, &until) == ETIMEDOUT
+                && me.b == NULL && !me.quit) {
+                unlink_parked(&me);
+                break;
+            }
+        }
+        if (me.b != NULL) {
+            *b = me.b;
+            *index = me.index;
+            taken = 1;
+        }
+    }
+    pthread_mutex_unlock(&park_lock);
+    pthread_cond_destroy(&me.cv);  /* a taker signals it under park_lock: it is done with it */
+    return taken;
+}
+
+/* Under b->lock, for a batch that wants one more worker: take up a parked one
+ * whose supervisor may serve the calling thread; one that may not is told to
+ * end.  Returns 1 when one was taken. */
+static int take_parked(struct bp_batch *b)
+{
+    int taken = 0;
+    pthread_mutex_lock(&park_lock);
+    while (!taken && parked_head != NULL) {
+        struct parked *p = parked_head;
+        parked_head = p->next;
+        nparked--;
+        if (bp__sup_usable(p->sup, BP_ORIGIN_ALL)) {
+            p->b = b;
+            p->index = b->nthreads;
+            b->sups[b->nthreads] = p->sup;
+            b->nthreads++;
+            b->attached++;
+            taken = 1;
+        } else {
+            p->quit = 1;
+        }
+        pthread_cond_signal(&p->cv);
+    }
+    pthread_mutex_unlock(&park_lock);
+    return taken;
+}
+
+/* fork(): the child has none of the parked workers.  Its copies of their
+ * supervisors' sockets are closed (the parent's closing its own then still
+ * ends them), and park_lock, held across the fork, is made anew. */
+static void park_prepare(void)
+{
+    pthread_mutex_lock(&park_lock);
+}
+
+static void park_parent(void)
+{
+    pthread_mutex_unlock(&park_lock);
+}
+
+static void park_child(void)
+{
+    for (struct parked *p = parked_head; p != NULL; p = p->next)
+        bp_sup_forget(p->sup);
+    parked_head = NULL;
+    nparked = 0;
+    pthread_mutex_init(&park_lock, NULL);
+}
+
+static pthread_once_t park_once = PTHREAD_ONCE_INIT;
+
+static void park_setup(void)
+{
+    (void)pthread_atfork(park_prepare, park_parent, park_child);
+}
+#else
+static int take_parked(struct bp_batch *b)
+{
+    (void)b;
+    return 0;
+}
+#endif
+
+static void *worker(void *p)
+{
+    struct worker_arg arg = *(struct worker_arg *)p;
+    free(p);
+    struct bp_batch *b = arg.b;
+    int index = arg.index;
+    struct bp_sup *sup = NULL;
+#ifdef __linux__
+    (void)pthread_setname_np(pthread_self(), BP_BATCH_THREAD_NAME);  /* ps -L, gdb, the tests */
+#endif
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    pthread_sigmask(SIG_UNBLOCK, &chld, NULL);  /* see "Signals" above */
+    do {
+        serve(b, index, &sup);
+#ifdef __linux__
+    } while (park(&b, &index, sup));
+#else
+    } while (0);
+#endif
     if (sup != NULL)
         bp_sup_free(sup);
     return NULL;
@@ -293,10 +465,10 @@ int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct b
     b->timer = -1;
     b->sup_path = sup_path != NULL ? strdup(sup_path) : NULL;
     b->sups = calloc((size_t)jobs, sizeof *b->sups);
-    b->threads = calloc((size_t)jobs, sizeof *b->threads);
-    if ((sup_path != NULL && b->sup_path == NULL) || b->sups == NULL || b->threads == NULL)
+    if ((sup_path != NULL && b->sup_path == NULL) || b->sups == NULL)
         goto fail;
 #ifdef __linux__
+    (void)pthread_once(&park_once, park_setup);
     b->notify[0] = b->notify[1] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (b->notify[0] < 0)
         goto fail;
@@ -308,6 +480,7 @@ int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct b
 #endif
     pthread_mutex_init(&b->lock, NULL);
     pthread_cond_init(&b->todo_cv, NULL);
+    pthread_cond_init(&b->detached_cv, NULL);
     *out = b;
     return 0;
 fail:;
@@ -320,14 +493,14 @@ fail:;
         close(b->notify[0]);
     free(b->sup_path);
     free(b->sups);
-    free(b->threads);
     free(b);
     errno = saved;
     return -1;
 }
 
-/* A worker, started with every signal blocked (the mask is inherited; it unblocks
- * SIGCHLD itself). */
+/* A worker, started detached with every signal blocked (the mask is inherited; it
+ * unblocks SIGCHLD itself): bp_batch_free waits for it to leave the batch, not to
+ * end (it may be parked for the next). */
 static int start_worker(struct bp_batch *b)
 {
     struct worker_arg *arg = malloc(sizeof *arg);
@@ -341,7 +514,9 @@ static int start_worker(struct bp_batch *b)
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     (void)pthread_attr_setstacksize(&attr, 256 * 1024);
-    int rc = pthread_create(&b->threads[b->nthreads], &attr, worker, arg);
+    (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t thread;
+    int rc = pthread_create(&thread, &attr, worker, arg);
     pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
@@ -349,6 +524,7 @@ static int start_worker(struct bp_batch *b)
         return rc;
     }
     b->nthreads++;
+    b->attached++;
     return 0;
 }
 
@@ -364,7 +540,7 @@ int bp_batch_submit(struct bp_batch *b, const struct bp_spec *spec, struct bp_re
     pthread_mutex_lock(&b->lock);
     /* Each idle worker takes one queued item; a worker signalled but not yet awake
      * still counts as idle, so compare with what is queued, not with zero. */
-    if (b->idle <= b->queued && b->nthreads < b->jobs) {
+    if (b->idle <= b->queued && b->nthreads < b->jobs && !take_parked(b)) {
         int rc = start_worker(b);
         if (rc != 0 && b->nthreads == 0) {
             pthread_mutex_unlock(&b->lock);
@@ -423,9 +599,9 @@ void bp_batch_free(struct bp_batch *b)
     pthread_mutex_lock(&b->lock);
     b->stopping = 1;
     pthread_cond_broadcast(&b->todo_cv);
+    while (b->attached > 0)  /* each finishes its run and leaves (serve) */
+        pthread_cond_wait(&b->detached_cv, &b->lock);
     pthread_mutex_unlock(&b->lock);
-    for (int i = 0; i < b->nthreads; i++)
-        pthread_join(b->threads[i], NULL);
     struct item *it;
     while ((it = pop(&b->done, &b->done_last)) != NULL) {
         bp_free(it->done.run);
@@ -437,10 +613,10 @@ void bp_batch_free(struct bp_batch *b)
     if (b->timer >= 0)
         close(b->timer);
     pthread_cond_destroy(&b->todo_cv);
+    pthread_cond_destroy(&b->detached_cv);
     pthread_mutex_destroy(&b->lock);
     free(b->sup_path);
     free(b->sups);
-    free(b->threads);
     free(b);
 }
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import alive, fork_with_threads, importable_env, pids_in, wait_dead, wait_for_pids
+from conftest import (alive, fork_with_threads, importable_env, pids_in, wait_dead, wait_for,
+                      wait_for_pids)
 
 from boundedproc import Job, _native, run_many
 
@@ -61,7 +62,8 @@ def core_workers() -> int:
 
 def test_plain_commands_run_on_core_threads_not_python_ones() -> None:
     """No Python worker thread exists while plain commands run; the batch's threads are
-    the process's own (named bp-batch) and are gone once the iterator is done."""
+    the process's own (named bp-batch) and are gone once parked for PARK_NS after the
+    iterator is done (batch.c)."""
     before_py = python_threads()
     assert core_workers() == 0
     seen_py: set[str] = set()
@@ -204,7 +206,8 @@ def test_caller_sigkill_kills_every_run_in_flight(tmp_path: Path, reaper: list[i
 
 def test_many_calls_leave_no_process_or_thread_behind() -> None:
     """100 run_many calls of 2 runs each: the process's children and threads return to
-    where they were (each call's workers free their supervisors and end)."""
+    where they were (each call takes up the workers the one before parked; the last ones
+    free their supervisors and end once parked for PARK_NS)."""
     me = psutil.Process()
     start_children = len(me.children(recursive=True))
     start_threads = me.num_threads()
@@ -216,6 +219,99 @@ def test_many_calls_leave_no_process_or_thread_behind() -> None:
         time.sleep(0.05)
     assert len(me.children(recursive=True)) <= start_children
     assert me.num_threads() <= start_threads
+
+
+PARK_S = 2.0  # batch.c's PARK_NS
+SUPERVISOR = ["sh", "-c", "echo $PPID"]  # a contained leader's parent is its supervisor
+
+
+def supervisors_of(jobs: int, n: int = 6, **kw: object) -> set[int]:
+    results = list(run_many([SUPERVISOR] * n, jobs=jobs, **kw))
+    assert all(r.ok for r in results), results
+    return {p for r in results for p in pids_in(r.stdout)}
+
+
+def test_a_run_many_call_takes_up_the_supervisors_the_call_before_left() -> None:
+    """A call of a few commands does not start a supervisor for each of its jobs: the
+    next call's workers are the ones the last call parked, supervisors and all."""
+    first = supervisors_of(3)
+    assert 1 <= len(first) <= 3
+    assert supervisors_of(3) == first
+    assert supervisors_of(2) <= first
+
+
+def test_parked_workers_end_after_their_idle_time() -> None:
+    """Parked workers wait PARK_NS to be taken up, then end and free their supervisors."""
+    time.sleep(PARK_S + 0.5)  # the workers earlier tests parked are gone
+    assert core_workers() == 0
+    sups = supervisors_of(3)
+    assert core_workers() == 3 and all(alive(p) for p in sups)  # parked
+    assert wait_dead(sups, within=PARK_S + 3) == []
+    assert wait_for(lambda: core_workers() == 0, 3)
+
+
+def test_a_parked_supervisor_killed_from_outside_is_not_taken_up() -> None:
+    """A parked worker's supervisor SIGKILLed: the next call finds it dead (its socket at
+    EOF) and starts another; every run succeeds."""
+    first = supervisors_of(2)
+    victim = min(first)
+    os.kill(victim, signal.SIGKILL)
+    assert wait_dead([victim]) == []
+    second = supervisors_of(2)
+    assert victim not in second
+    assert second & first  # the other one was taken up
+
+
+@fork_with_threads
+def test_a_forked_child_never_takes_up_its_parents_parked_workers() -> None:
+    """os.fork() while workers are parked: the child's run_many starts its own supervisors
+    (none of the parent's), and the parent's next call takes up its parked ones."""
+    parked = supervisors_of(2)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            got = sorted(supervisors_of(2))
+            os.write(w, json.dumps(got).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    child = set(json.loads(os.read(r, 65536)))
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert child and not child & parked
+    assert supervisors_of(2) == parked
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_a_parked_worker_is_not_taken_up_by_a_caller_whose_cpu_mask_changed() -> None:
+    """A parked worker's supervisor hands its commands the mask it started with: a caller
+    whose mask changed since gets new workers, and its commands get its new mask."""
+    parked = supervisors_of(2)
+    old = os.sched_getaffinity(0)
+    one = min(old)
+    os.sched_setaffinity(0, {one})
+    try:
+        results = list(run_many([["sh", "-c", "echo $PPID; grep Cpus_allowed_list "
+                                  "/proc/self/status"]] * 4, jobs=2))
+    finally:
+        os.sched_setaffinity(0, old)
+    assert all(r.ok for r in results), results
+    assert not {pids_in(r.stdout)[0] for r in results} & parked
+    assert all(r.stdout.split()[-1] == str(one).encode() for r in results), results
+
+
+def test_a_parked_worker_outlives_the_thread_whose_call_parked_it() -> None:
+    """Workers parked by a call in a thread that then ended serve the next call of
+    another thread (a supervisor's parent-death signal is its worker's, not the caller's)."""
+    got: list[set[int]] = []
+    t = threading.Thread(target=lambda: got.append(supervisors_of(2)))
+    t.start()
+    t.join(30)
+    (parked,) = got
+    time.sleep(0.2)
+    assert all(alive(p) for p in parked)
+    assert supervisors_of(2) == parked
 
 
 def test_a_job_that_needs_python_switches_to_python_workers() -> None:

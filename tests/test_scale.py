@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import resource
@@ -542,11 +543,25 @@ def _async_threads() -> int:
     return sum(t.name.startswith("boundedproc-async") for t in threading.enumerate())
 
 
+def _batch_workers_children() -> set[int]:
+    """The children of run_many's core threads (named bp-batch), parked ones included: they
+    come and go on their own (batch.c parks them for 2 s after their call)."""
+    kids: set[int] = set()
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "bp-batch":
+                text = Path(f"/proc/self/task/{tid}/children").read_text()
+                kids.update(int(p) for p in text.split())
+    return kids
+
+
 def _supervisors() -> int:
+    """This process's supervisors but those of run_many's core threads."""
     count = 0
+    batch = _batch_workers_children()
     for proc in psutil.Process().children():
         try:
-            count += proc.name() == "_bp_supervisor"
+            count += proc.name() == "_bp_supervisor" and proc.pid not in batch
         except psutil.NoSuchProcess:
             pass
     return count
