@@ -25,8 +25,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import (alive, fork_with_threads, importable_env, pids_in, wait_dead, wait_for,
-                      wait_for_pids)
+from conftest import (
+    alive,
+    fork_with_threads,
+    importable_env,
+    pids_in,
+    wait_dead,
+    wait_for,
+    wait_for_pids,
+)
 
 from boundedproc import Job, _native, run_many
 
@@ -292,8 +299,8 @@ def test_a_parked_worker_is_not_taken_up_by_a_caller_whose_cpu_mask_changed() ->
     one = min(old)
     os.sched_setaffinity(0, {one})
     try:
-        results = list(run_many([["sh", "-c", "echo $PPID; grep Cpus_allowed_list "
-                                  "/proc/self/status"]] * 4, jobs=2))
+        mask = "echo $PPID; grep Cpus_allowed_list /proc/self/status"
+        results = list(run_many([["sh", "-c", mask]] * 4, jobs=2))
     finally:
         os.sched_setaffinity(0, old)
     assert all(r.ok for r in results), results
