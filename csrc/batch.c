@@ -38,7 +38,7 @@
  * that taking: the commands of one run_many call start with its caller's
  * limits, affinity and scheduling as of its start.  A parked worker that is not
  * taken in time, or whose supervisor is not usable for the taker, ends and
- * frees its supervisor.  A forked child has none of them (batch_atfork_child).
+ * frees its supervisor.  A forked child has none of them (park_child).
  *
  * Telling the caller: every wakeup of the caller costs it a trip through the
  * scheduler and a cache gone cold, which at scale is most of its CPU a run
