@@ -121,14 +121,31 @@ if core_version() != __version__:  # pragma: no cover - only on a stale build
 
 SUPERVISOR_PATH = os.path.join(os.path.dirname(os.path.abspath(str(_bp.__file__))), "_bp_supervisor")
 
-CONTAIN_SUPPORTED: bool = bool(lib.bp_contain_supported()) and os.access(SUPERVISOR_PATH, os.X_OK)
-"""Whether contained runs are available: Linux with a subreaper, and the
-supervisor program beside the core.  It turns False, with a warning, if the
-system refuses the supervisor outright (see ``containment_status``)."""
 
-_REFUSAL: str | None = None if CONTAIN_SUPPORTED else (
-    "unsupported here: containment needs Linux with PR_SET_CHILD_SUBREAPER"
-    if not lib.bp_contain_supported() else f"the supervisor program is missing: {SUPERVISOR_PATH}")
+
+def _under_valgrind() -> bool:
+    """Whether valgrind runs this process: it preloads its own ``vgpreload_core`` into the
+    process it runs (and takes it out of the environment of a child it does not follow).
+    It stops the whole process at a supervisor's start, a ``clone`` it does not support
+    (``CLONE_VM | CLONE_VFORK | CLONE_FS``: the supervisor shares the caller's cwd)."""
+    return "/vgpreload_core" in os.environ.get("LD_PRELOAD", "")
+
+
+CONTAIN_SUPPORTED: bool = (bool(lib.bp_contain_supported()) and os.access(SUPERVISOR_PATH, os.X_OK)
+                           and not _under_valgrind())
+"""Whether contained runs are available: Linux with a subreaper, and the
+supervisor program beside the core, in a process valgrind does not run.  It
+turns False, with a warning, if the system refuses the supervisor outright
+(see ``containment_status``)."""
+
+_REFUSAL: str | None = (
+    None if CONTAIN_SUPPORTED
+    else "unsupported here: containment needs Linux with PR_SET_CHILD_SUBREAPER"
+    if not lib.bp_contain_supported()
+    else f"the supervisor program is missing: {SUPERVISOR_PATH}"
+    if not os.access(SUPERVISOR_PATH, os.X_OK)
+    else "unsupported under valgrind: it stops the process at the supervisor's start "
+         "(clone with CLONE_FS)")
 
 # errnos that say "this system will not run a supervisor", as opposed to a
 # shortage of this moment (EMFILE, EAGAIN, ENOMEM: that run's spawn failure).
