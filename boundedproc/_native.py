@@ -9,6 +9,7 @@ for ``run_many``) and turns each finished run into the same dataclass.
 
 from __future__ import annotations
 
+import atexit
 import errno as _errno
 import mmap
 import operator
@@ -946,3 +947,8 @@ def _forget_batches_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_batches_after_fork)
+
+
+# At exit, the workers batch.c parked with their supervisors (for a next run_many call) end
+# and free them, so that they are reaped here and not left to init as zombies.
+atexit.register(lib.bp_batch_release_parked)

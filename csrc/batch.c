@@ -38,7 +38,9 @@
  * that taking: the commands of one run_many call start with its caller's
  * limits, affinity and scheduling as of its start.  A parked worker that is not
  * taken in time, or whose supervisor is not usable for the taker, ends and
- * frees its supervisor.  A forked child has none of them (park_child).
+ * frees its supervisor.  A forked child has none of them (park_child).  At the
+ * process's exit they end (bp_batch_release_parked, which _native registers
+ * with atexit), so that their supervisors are reaped here, not left to init.
  *
  * Telling the caller: every wakeup of the caller costs it a trip through the
  * scheduler and a cache gone cold, which at scale is most of its CPU a run
@@ -122,8 +124,11 @@ struct parked {
 };
 
 static pthread_mutex_t park_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t quit_cv;      /* on CLOCK_MONOTONIC: made by park_setup */
+static void init_quit_cv(void);
 static struct parked *parked_head;  /* the most recently parked first */
 static int nparked;
+static int nquitting;               /* told to end, supervisor not yet freed */
 #endif
 
 struct worker_arg {
@@ -316,7 +321,7 @@ static void unlink_parked(struct parked *me)
 /* Park a worker that left its batch with a supervisor that may serve again
  * (see "Parked workers" above).  Returns 1 with *b and *index set when a new
  * batch took it up, 0 when it is to end (not parked, timed out, or told to). */
-static int park(struct bp_batch **b, int *index, struct bp_sup *sup)
+static int park(struct bp_batch **b, int *index, struct bp_sup *sup, int *quit)
 {
     if (sup == NULL || !bp_sup_reusable(sup))
         return 0;
@@ -353,6 +358,7 @@ static int park(struct bp_batch **b, int *index, struct bp_sup *sup)
             *index = me.index;
             taken = 1;
         }
+        *quit = me.quit;
     }
     pthread_mutex_unlock(&park_lock);
     pthread_cond_destroy(&me.cv);  /* a taker signals it under park_lock: it is done with it */
@@ -379,6 +385,7 @@ static int take_parked(struct bp_batch *b)
             taken = 1;
         } else {
             p->quit = 1;
+            nquitting++;
         }
         pthread_cond_signal(&p->cv);
     }
@@ -404,14 +411,58 @@ static void park_child(void)
     for (struct parked *p = parked_head; p != NULL; p = p->next)
         bp_sup_forget(p->sup);
     parked_head = NULL;
-    nparked = 0;
+    nparked = nquitting = 0;
     pthread_mutex_init(&park_lock, NULL);
+    init_quit_cv();
 }
 
+/* bp_batch_release_parked: tell every parked worker to end now, and wait (at
+ * most about a second) until they have freed their supervisors: at the
+ * process's exit (_native registers it), so that they are reaped here instead
+ * of being left to init as zombies. */
 static pthread_once_t park_once = PTHREAD_ONCE_INIT;
+static void park_setup(void);
+
+void bp_batch_release_parked(void)
+{
+    (void)pthread_once(&park_once, park_setup);
+    pthread_mutex_lock(&park_lock);
+    for (struct parked *p = parked_head; p != NULL; p = p->next) {
+        p->quit = 1;
+        nquitting++;
+        pthread_cond_signal(&p->cv);
+    }
+    parked_head = NULL;
+    nparked = 0;
+    int64_t until_ns = bp__now_ns() + 1000000000LL;
+    struct timespec until = {.tv_sec = (time_t)(until_ns / 1000000000LL),
+                             .tv_nsec = (long)(until_ns % 1000000000LL)};
+    while (nquitting > 0 && pthread_cond_timedwait(&quit_cv, &park_lock, &until) != ETIMEDOUT)
+        ;
+    pthread_mutex_unlock(&park_lock);
+}
+
+/* A worker told to end has freed its supervisor. */
+static void quit_done(void)
+{
+    pthread_mutex_lock(&park_lock);
+    if (nquitting > 0 && --nquitting == 0)
+        pthread_cond_broadcast(&quit_cv);
+    pthread_mutex_unlock(&park_lock);
+}
+
+static void init_quit_cv(void)
+{
+    pthread_condattr_t attr;
+    (void)pthread_condattr_init(&attr);
+    (void)pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    (void)pthread_cond_init(&quit_cv, &attr);
+    (void)pthread_condattr_destroy(&attr);
+}
 
 static void park_setup(void)
 {
+    init_quit_cv();
     (void)pthread_atfork(park_prepare, park_parent, park_child);
 }
 #else
@@ -419,6 +470,10 @@ static int take_parked(struct bp_batch *b)
 {
     (void)b;
     return 0;
+}
+
+void bp_batch_release_parked(void)
+{
 }
 #endif
 
@@ -429,6 +484,7 @@ static void *worker(void *p)
     struct bp_batch *b = arg.b;
     int index = arg.index;
     struct bp_sup *sup = NULL;
+    int quit = 0;
 #ifdef __linux__
     (void)pthread_setname_np(pthread_self(), BP_BATCH_THREAD_NAME);  /* ps -L, gdb, the tests */
 #endif
@@ -439,12 +495,16 @@ static void *worker(void *p)
     do {
         serve(b, index, &sup);
 #ifdef __linux__
-    } while (park(&b, &index, sup));
+    } while (park(&b, &index, sup, &quit));
 #else
     } while (0);
 #endif
     if (sup != NULL)
         bp_sup_free(sup);
+#ifdef __linux__
+    if (quit)
+        quit_done();
+#endif
     return NULL;
 }
 

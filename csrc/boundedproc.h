@@ -220,3 +220,4 @@ int bp_batch_submit(struct bp_batch *b, const struct bp_spec *spec, struct bp_re
 int bp_batch_next(struct bp_batch *b, int wake_fd, int wait, struct bp_batch_done *out, int n);
 void bp_batch_free(struct bp_batch *b);
 void bp_batch_forget(struct bp_batch *b);
+void bp_batch_release_parked(void);

@@ -321,6 +321,45 @@ def test_a_parked_worker_outlives_the_thread_whose_call_parked_it() -> None:
     assert supervisors_of(2) == parked
 
 
+# A child subreaper that runs SUBJECT and reports which of the supervisors SUBJECT printed
+# it had to reap itself: a supervisor left alive at SUBJECT's exit is reparented to it.
+SUBREAPER = """
+import ctypes, json, os, subprocess, sys, time
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+out = subprocess.run([sys.executable, "-c", sys.argv[1]], capture_output=True, text=True,
+                     timeout=60, check=True)
+sups = set(json.loads(out.stdout))
+adopted = set()
+until = time.monotonic() + 2
+while time.monotonic() < until:
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        break
+    if pid:
+        adopted.add(pid)
+    else:
+        time.sleep(0.02)
+print(json.dumps({"sups": sorted(sups), "adopted": sorted(adopted & sups)}))
+"""
+SUBJECT = """
+import json
+from boundedproc import run_many
+rs = list(run_many([["sh", "-c", "echo $PPID"]] * 4, jobs=2))
+print(json.dumps(sorted({int(r.stdout) for r in rs})))
+"""
+
+
+def test_parked_supervisors_are_reaped_before_the_process_exits() -> None:
+    """At exit, parked workers end and free their supervisors: none is left to be reaped
+    by init (or by whatever child subreaper is above the process)."""
+    out = subprocess.run([PY, "-c", SUBREAPER, SUBJECT], capture_output=True, text=True,
+                         timeout=120, env=importable_env(), check=False)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["sups"] and data["adopted"] == [], data
+
+
 def test_a_job_that_needs_python_switches_to_python_workers() -> None:
     """Plain commands, then a Job with on_output, then plain ones: every result in input
     order; the callback runs in a Python worker thread, never the consumer's."""
