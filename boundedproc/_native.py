@@ -123,7 +123,6 @@ if core_version() != __version__:  # pragma: no cover - only on a stale build
 SUPERVISOR_PATH = os.path.join(os.path.dirname(os.path.abspath(str(_bp.__file__))), "_bp_supervisor")
 
 
-
 def _under_valgrind() -> bool:
     """Whether valgrind runs this process: it preloads its own ``vgpreload_core`` into the
     process it runs (and takes it out of the environment of a child it does not follow).
