@@ -112,6 +112,8 @@ struct bp_batch {
     struct bp_sup **sups;           /* each worker's, for bp_batch_forget */
 };
 
+struct parked;
+
 #ifdef __linux__
 /* A parked worker, on its own stack: the taker sets b and index and signals. */
 struct parked {
@@ -121,14 +123,16 @@ struct parked {
     struct bp_batch *b;             /* set by the taker; NULL while parked */
     int index;
     int quit;                       /* set by a taker that found its supervisor unusable */
+    int cv_ok;                      /* cv was made (on CLOCK_MONOTONIC) */
 };
 
+static int join_parked(struct parked *me, struct bp_sup *sup);
 static pthread_mutex_t park_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t quit_cv;      /* on CLOCK_MONOTONIC: made by park_setup */
 static void init_quit_cv(void);
 static struct parked *parked_head;  /* the most recently parked first */
 static int nparked;
-static int nquitting;               /* told to end, supervisor not yet freed */
+static int nquitting;               /* workers ending with a supervisor not yet freed */
 #endif
 
 struct worker_arg {
@@ -269,8 +273,8 @@ static void disarm(struct bp_batch *b)
 
 /* Serve batch b as its worker `index` until it is freed, then leave it: once
  * attached reaches 0, bp_batch_free may free b at once, so it is not touched
- * after that. */
-static void serve(struct bp_batch *b, int index, struct bp_sup **sup)
+ * after that.  Returns 1 when the worker left it parked (me is on the list). */
+static int serve(struct bp_batch *b, int index, struct bp_sup **sup, struct parked *me)
 {
     pthread_mutex_lock(&b->lock);
     for (;;) {
@@ -300,10 +304,20 @@ static void serve(struct bp_batch *b, int index, struct bp_sup **sup)
             pthread_mutex_lock(&b->lock);
         }
     }
+    /* Parked (or counted as ending) before it leaves: once bp_batch_free returns,
+     * bp_batch_release_parked at the process's exit sees every worker that still
+     * has a supervisor to free. */
+#ifdef __linux__
+    int parked = join_parked(me, *sup);
+#else
+    int parked = 0;
+    (void)me;
+#endif
     b->sups[index] = NULL;
     if (--b->attached == 0)
         pthread_cond_broadcast(&b->detached_cv);
     pthread_mutex_unlock(&b->lock);
+    return parked;
 }
 
 #ifdef __linux__
@@ -318,50 +332,54 @@ static void unlink_parked(struct parked *me)
     }
 }
 
-/* Park a worker that left its batch with a supervisor that may serve again
- * (see "Parked workers" above).  Returns 1 with *b and *index set when a new
- * batch took it up, 0 when it is to end (not parked, timed out, or told to). */
-static int park(struct bp_batch **b, int *index, struct bp_sup *sup, int *quit)
+/* Under its batch's lock, a worker that is leaving: onto the parked list when its
+ * supervisor may serve again and there is room (see "Parked workers" above);
+ * otherwise, with a supervisor to free, counted in nquitting.  Returns 1 when
+ * parked. */
+static int join_parked(struct parked *me, struct bp_sup *sup)
 {
-    if (sup == NULL || !bp_sup_reusable(sup))
+    if (sup == NULL)
         return 0;
-    struct parked me;
-    memset(&me, 0, sizeof me);
-    me.sup = sup;
-    pthread_condattr_t attr;
-    if (pthread_condattr_init(&attr) != 0)
-        return 0;
-    int rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    if (rc == 0)
-        rc = pthread_cond_init(&me.cv, &attr);
-    pthread_condattr_destroy(&attr);
-    if (rc != 0)
-        return 0;
+    int parked = 0;
+    pthread_mutex_lock(&park_lock);
+    if (me->cv_ok && bp_sup_reusable(sup) && nparked < MAX_PARKED) {
+        me->sup = sup;
+        me->b = NULL;
+        me->quit = 0;
+        me->next = parked_head;
+        parked_head = me;
+        nparked++;
+        parked = 1;
+    } else {
+        nquitting++;
+    }
+    pthread_mutex_unlock(&park_lock);
+    return parked;
+}
+
+/* A parked worker waits to be taken up.  Returns 1 with *b and *index set when a
+ * new batch took it up; 0 when it is to end and free its supervisor (not taken
+ * within PARK_NS, or told to end), counted in nquitting either way. */
+static int wait_parked(struct parked *me, struct bp_batch **b, int *index)
+{
     int64_t until_ns = bp__now_ns() + PARK_NS;
     struct timespec until = {.tv_sec = (time_t)(until_ns / 1000000000LL),
                              .tv_nsec = (long)(until_ns % 1000000000LL)};
-    int taken = 0;
     pthread_mutex_lock(&park_lock);
-    if (nparked < MAX_PARKED) {
-        me.next = parked_head;
-        parked_head = &me;
-        nparked++;
-        while (me.b == NULL && !me.quit) {
-            if (pthread_cond_timedwait(&me.cv, &park_lock, &until) == ETIMEDOUT
-                && me.b == NULL && !me.quit) {
-                unlink_parked(&me);
-                break;
-            }
+    while (me->b == NULL && !me->quit) {
+        if (pthread_cond_timedwait(&me->cv, &park_lock, &until) == ETIMEDOUT
+            && me->b == NULL && !me->quit) {
+            unlink_parked(me);
+            nquitting++;
+            break;
         }
-        if (me.b != NULL) {
-            *b = me.b;
-            *index = me.index;
-            taken = 1;
-        }
-        *quit = me.quit;
+    }
+    int taken = me->b != NULL;
+    if (taken) {
+        *b = me->b;
+        *index = me->index;
     }
     pthread_mutex_unlock(&park_lock);
-    pthread_cond_destroy(&me.cv);  /* a taker signals it under park_lock: it is done with it */
     return taken;
 }
 
@@ -442,7 +460,7 @@ void bp_batch_release_parked(void)
     pthread_mutex_unlock(&park_lock);
 }
 
-/* A worker told to end has freed its supervisor. */
+/* A worker counted in nquitting has freed its supervisor. */
 static void quit_done(void)
 {
     pthread_mutex_lock(&park_lock);
@@ -484,7 +502,6 @@ static void *worker(void *p)
     struct bp_batch *b = arg.b;
     int index = arg.index;
     struct bp_sup *sup = NULL;
-    int quit = 0;
 #ifdef __linux__
     (void)pthread_setname_np(pthread_self(), BP_BATCH_THREAD_NAME);  /* ps -L, gdb, the tests */
 #endif
@@ -492,18 +509,27 @@ static void *worker(void *p)
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
     pthread_sigmask(SIG_UNBLOCK, &chld, NULL);  /* see "Signals" above */
-    do {
-        serve(b, index, &sup);
 #ifdef __linux__
-    } while (park(&b, &index, sup, &quit));
+    struct parked me;
+    memset(&me, 0, sizeof me);
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) == 0) {
+        me.cv_ok = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) == 0
+                   && pthread_cond_init(&me.cv, &attr) == 0;
+        pthread_condattr_destroy(&attr);
+    }
+    while (serve(b, index, &sup, &me) && wait_parked(&me, &b, &index))
+        ;
+    if (me.cv_ok)
+        pthread_cond_destroy(&me.cv);  /* off the list: nobody signals it any more */
+    if (sup != NULL) {
+        bp_sup_free(sup);
+        quit_done();  /* every way out with a supervisor counted it in nquitting */
+    }
 #else
-    } while (0);
-#endif
+    (void)serve(b, index, &sup, NULL);
     if (sup != NULL)
         bp_sup_free(sup);
-#ifdef __linux__
-    if (quit)
-        quit_done();
 #endif
     return NULL;
 }
