@@ -229,7 +229,9 @@ def test_many_calls_leave_no_process_or_thread_behind() -> None:
 
 
 PARK_S = 2.0  # batch.c's PARK_NS
-SUPERVISOR = ["sh", "-c", "echo $PPID"]  # a contained leader's parent is its supervisor
+# A contained leader's parent is its supervisor.  Each run lasts long enough that every
+# worker of a call takes one up, however late the scheduler wakes it.
+SUPERVISOR = ["sh", "-c", "echo $PPID; sleep 0.2"]
 
 
 def supervisors_of(jobs: int, n: int = 6, **kw: object) -> set[int]:
