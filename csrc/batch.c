@@ -40,7 +40,9 @@
  * taken in time, or whose supervisor is not usable for the taker, ends and
  * frees its supervisor.  A forked child has none of them (park_child).  At the
  * process's exit they end (bp_batch_release_parked, which _native registers
- * with atexit), so that their supervisors are reaped here, not left to init.
+ * with atexit), so that their supervisors are reaped here, not left to init:
+ * a worker joins the parked list (or is counted as ending) before it leaves
+ * its batch, so that when bp_batch_free returns, that handler sees them all.
  *
  * Telling the caller: every wakeup of the caller costs it a trip through the
  * scheduler and a cache gone cold, which at scale is most of its CPU a run
