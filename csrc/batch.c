@@ -124,7 +124,8 @@ struct parked {
     struct bp_sup *sup;
     struct bp_batch *b;             /* set by the taker; NULL while parked */
     int index;
-    int quit;                       /* set by a taker that found its supervisor unusable */
+    int quit;                       /* told to end: by a taker that found its supervisor
+                                       unusable, or at exit (bp_batch_release_parked) */
     int cv_ok;                      /* cv was made (on CLOCK_MONOTONIC) */
 };
 
