@@ -132,10 +132,31 @@ struct parked {
 static int join_parked(struct parked *me, struct bp_sup *sup);
 static pthread_mutex_t park_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t quit_cv;      /* on CLOCK_MONOTONIC: made by park_setup */
-static void init_quit_cv(void);
 static struct parked *parked_head;  /* the most recently parked first */
 static int nparked;
 static int nquitting;               /* workers ending with a supervisor not yet freed */
+
+/* A condition variable whose timed waits count on CLOCK_MONOTONIC; 0, or an errno. */
+static int cond_init_monotonic(pthread_cond_t *cv)
+{
+    pthread_condattr_t attr;
+    int rc = pthread_condattr_init(&attr);
+    if (rc != 0)
+        return rc;
+    rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    if (rc == 0)
+        rc = pthread_cond_init(cv, &attr);
+    (void)pthread_condattr_destroy(&attr);
+    return rc;
+}
+
+/* The CLOCK_MONOTONIC time ns from now, for such a timed wait. */
+static struct timespec deadline_in(int64_t ns)
+{
+    int64_t at = bp__now_ns() + ns;
+    return (struct timespec){.tv_sec = (time_t)(at / 1000000000LL),
+                             .tv_nsec = (long)(at % 1000000000LL)};
+}
 #endif
 
 struct worker_arg {
@@ -365,9 +386,7 @@ static int join_parked(struct parked *me, struct bp_sup *sup)
  * within PARK_NS, or told to end), counted in nquitting either way. */
 static int wait_parked(struct parked *me, struct bp_batch **b, int *index)
 {
-    int64_t until_ns = bp__now_ns() + PARK_NS;
-    struct timespec until = {.tv_sec = (time_t)(until_ns / 1000000000LL),
-                             .tv_nsec = (long)(until_ns % 1000000000LL)};
+    struct timespec until = deadline_in(PARK_NS);
     pthread_mutex_lock(&park_lock);
     while (me->b == NULL && !me->quit) {
         if (pthread_cond_timedwait(&me->cv, &park_lock, &until) == ETIMEDOUT
@@ -434,16 +453,21 @@ static void park_child(void)
     parked_head = NULL;
     nparked = nquitting = 0;
     pthread_mutex_init(&park_lock, NULL);
-    init_quit_cv();
+    (void)cond_init_monotonic(&quit_cv);
 }
+
+static void park_setup(void)
+{
+    (void)cond_init_monotonic(&quit_cv);
+    (void)pthread_atfork(park_prepare, park_parent, park_child);
+}
+
+static pthread_once_t park_once = PTHREAD_ONCE_INIT;
 
 /* bp_batch_release_parked: tell every parked worker to end now, and wait (at
  * most about a second) until they have freed their supervisors: at the
  * process's exit (_native registers it), so that they are reaped here instead
  * of being left to init as zombies. */
-static pthread_once_t park_once = PTHREAD_ONCE_INIT;
-static void park_setup(void);
-
 void bp_batch_release_parked(void)
 {
     (void)pthread_once(&park_once, park_setup);
@@ -455,9 +479,7 @@ void bp_batch_release_parked(void)
     }
     parked_head = NULL;
     nparked = 0;
-    int64_t until_ns = bp__now_ns() + 1000000000LL;
-    struct timespec until = {.tv_sec = (time_t)(until_ns / 1000000000LL),
-                             .tv_nsec = (long)(until_ns % 1000000000LL)};
+    struct timespec until = deadline_in(1000000000LL);
     while (nquitting > 0 && pthread_cond_timedwait(&quit_cv, &park_lock, &until) != ETIMEDOUT)
         ;
     pthread_mutex_unlock(&park_lock);
@@ -470,21 +492,6 @@ static void quit_done(void)
     if (nquitting > 0 && --nquitting == 0)
         pthread_cond_broadcast(&quit_cv);
     pthread_mutex_unlock(&park_lock);
-}
-
-static void init_quit_cv(void)
-{
-    pthread_condattr_t attr;
-    (void)pthread_condattr_init(&attr);
-    (void)pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    (void)pthread_cond_init(&quit_cv, &attr);
-    (void)pthread_condattr_destroy(&attr);
-}
-
-static void park_setup(void)
-{
-    init_quit_cv();
-    (void)pthread_atfork(park_prepare, park_parent, park_child);
 }
 #else
 static int take_parked(struct bp_batch *b)
@@ -515,12 +522,7 @@ static void *worker(void *p)
 #ifdef __linux__
     struct parked me;
     memset(&me, 0, sizeof me);
-    pthread_condattr_t attr;
-    if (pthread_condattr_init(&attr) == 0) {
-        me.cv_ok = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) == 0
-                   && pthread_cond_init(&me.cv, &attr) == 0;
-        pthread_condattr_destroy(&attr);
-    }
+    me.cv_ok = cond_init_monotonic(&me.cv) == 0;
     while (serve(b, index, &sup, &me) && wait_parked(&me, &b, &index))
         ;
     if (me.cv_ok)
