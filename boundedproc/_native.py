@@ -131,21 +131,25 @@ def _under_valgrind() -> bool:
     return "/vgpreload_core" in os.environ.get("LD_PRELOAD", "")
 
 
-CONTAIN_SUPPORTED: bool = (bool(lib.bp_contain_supported()) and os.access(SUPERVISOR_PATH, os.X_OK)
-                           and not _under_valgrind())
+def _refusal_at_import() -> str | None:
+    """Why contained runs are not available in this process, or ``None`` when they are."""
+    if not lib.bp_contain_supported():
+        return "unsupported here: containment needs Linux with PR_SET_CHILD_SUBREAPER"
+    if not os.access(SUPERVISOR_PATH, os.X_OK):
+        return f"the supervisor program is missing: {SUPERVISOR_PATH}"
+    if _under_valgrind():
+        return ("unsupported under valgrind: it stops the process at the supervisor's start "
+                "(clone with CLONE_FS)")
+    return None
+
+
+_REFUSAL: str | None = _refusal_at_import()
+
+CONTAIN_SUPPORTED: bool = _REFUSAL is None
 """Whether contained runs are available: Linux with a subreaper, and the
 supervisor program beside the core, in a process valgrind does not run.  It
 turns False, with a warning, if the system refuses the supervisor outright
 (see ``containment_status``)."""
-
-_REFUSAL: str | None = (
-    None if CONTAIN_SUPPORTED
-    else "unsupported here: containment needs Linux with PR_SET_CHILD_SUBREAPER"
-    if not lib.bp_contain_supported()
-    else f"the supervisor program is missing: {SUPERVISOR_PATH}"
-    if not os.access(SUPERVISOR_PATH, os.X_OK)
-    else "unsupported under valgrind: it stops the process at the supervisor's start "
-         "(clone with CLONE_FS)")
 
 # errnos that say "this system will not run a supervisor", as opposed to a
 # shortage of this moment (EMFILE, EAGAIN, ENOMEM: that run's spawn failure).
