@@ -186,6 +186,17 @@ def as_nobody(code: str, cwd: str = "/", imports: str = "") -> dict[str, object]
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
+def batch_threads() -> list[str]:
+    """The tids of run_many's core threads in this process, parked ones included, by the name
+    csrc/batch.c gives them (by name: pytest's faulthandler watchdog comes and goes)."""
+    tids = []
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "bp-batch":
+                tids.append(tid)
+    return tids
+
+
 def pids_in(text: str | bytes) -> list[int]:
     """Every integer on its own line of a command's output."""
     if isinstance(text, bytes):

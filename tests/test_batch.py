@@ -10,7 +10,6 @@ the switch to Python workers for a command that needs Python (``on_output``,
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import select
@@ -27,6 +26,7 @@ import psutil
 import pytest
 from conftest import (
     alive,
+    batch_threads,
     fork_with_threads,
     importable_env,
     pids_in,
@@ -58,13 +58,8 @@ def python_threads() -> set[str]:
 
 
 def core_workers() -> int:
-    """The batch worker threads of this process, by the name csrc/batch.c gives them (counted
-    by name: pytest's faulthandler watchdog comes and goes between tests)."""
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError):
-            names.append(Path(f"/proc/self/task/{tid}/comm").read_text().strip())
-    return names.count("bp-batch")
+    """The batch worker threads of this process."""
+    return len(batch_threads())
 
 
 def test_plain_commands_run_on_core_threads_not_python_ones() -> None:

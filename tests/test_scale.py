@@ -24,6 +24,7 @@ import pytest
 from conftest import (
     SIGINT_PRELUDE,
     UNDER_ASAN,
+    batch_threads,
     fork_with_threads,
     wait_dead,
     wait_for,
@@ -544,14 +545,12 @@ def _async_threads() -> int:
 
 
 def _batch_workers_children() -> set[int]:
-    """The children of run_many's core threads (named bp-batch), parked ones included: they
-    come and go on their own (batch.c parks them for 2 s after their call)."""
+    """The children of run_many's core threads, parked ones included: they come and go on
+    their own (batch.c parks them for 2 s after their call)."""
     kids: set[int] = set()
-    for tid in os.listdir("/proc/self/task"):
+    for tid in batch_threads():
         with contextlib.suppress(OSError):
-            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "bp-batch":
-                text = Path(f"/proc/self/task/{tid}/children").read_text()
-                kids.update(int(p) for p in text.split())
+            kids.update(int(p) for p in Path(f"/proc/self/task/{tid}/children").read_text().split())
     return kids
 
 
