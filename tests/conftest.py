@@ -18,6 +18,26 @@ import pytest
 # Under scripts/sanitize.sh the ASan runtime is preloaded into the Python running the tests.
 UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 
+# SPEC 3.2's UNRUNNABLE_SIGNATURES, written out from the spec (not imported from the grader),
+# so that a token the grader drops or misspells fails the tests that use it.
+SPEC_SIGNATURES = (
+    "No such file",
+    "FileNotFoundError",
+    "ModuleNotFoundError",
+    "command not found",
+    "ENOENT",
+    "AbortError",
+    "timed out",
+    "ERR_CHILD_PROCESS_STDIO_MAXBUFFER",
+    "Permission denied",
+    "EACCES",
+    "cannot create directory",
+    "cannot open",
+    "SyntaxError",
+    "unexpected EOF while looking for matching",
+    "syntax error near unexpected token",
+)
+
 # GCC 12's ASan runtime takes no lock of its allocator around fork(): a fork while another
 # thread is inside malloc leaves that lock held in the child, whose next allocation then
 # waits forever (seen: a forked child's core threads stuck in ASan's allocator, in

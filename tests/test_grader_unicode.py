@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import unicodedata
 
+from conftest import SPEC_SIGNATURES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,25 +40,6 @@ MODEL_SPACE = frozenset(
     [chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) == "Zs"]
     + ["\t", "\n", "\v", "\f", "\r", "\u2028", "\u2029", "\ufeff"]
 )
-
-SIGNATURES = (
-    "No such file",
-    "FileNotFoundError",
-    "ModuleNotFoundError",
-    "command not found",
-    "ENOENT",
-    "AbortError",
-    "timed out",
-    "ERR_CHILD_PROCESS_STDIO_MAXBUFFER",
-    "Permission denied",
-    "EACCES",
-    "cannot create directory",
-    "cannot open",
-    "SyntaxError",
-    "unexpected EOF while looking for matching",
-    "syntax error near unexpected token",
-)
-
 
 def model_trim(text: str) -> str:
     """JavaScript's ``String.prototype.trim``."""
@@ -107,7 +89,7 @@ def model_signature(text: str | None) -> bool:
     if text is None:
         return False
     folded = model_ascii_lower(text)
-    return any(model_ascii_lower(token) in folded for token in SIGNATURES)
+    return any(model_ascii_lower(token) in folded for token in SPEC_SIGNATURES)
 
 
 def model_constant_emitter(check: str) -> bool:
@@ -369,7 +351,7 @@ mixed = st.text(st.sampled_from(SPACES + LETTERS), max_size=12)
 @st.composite
 def signatures(draw: st.DrawFn) -> str:
     """A signature token, its letters in random case, some s/k swapped for U+017F/U+212A."""
-    token = draw(st.sampled_from(SIGNATURES))
+    token = draw(st.sampled_from(SPEC_SIGNATURES))
     out = []
     for char in token:
         choice = draw(st.integers(0, 5))
