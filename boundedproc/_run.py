@@ -465,7 +465,7 @@ def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes 
         stage = _native.stage_name(out.err_stage)
         why = os.strerror(out.err_errno)
         if stage == "chdir":
-            target = f"cwd {text_arg(cwd or b'')!r}"
+            target = f"cwd {text_arg(cwd or b'')!r} for {text_arg(args[0])!r}"
         elif stage == "dup2" and (stream := _unusable_stream(options)) is not None:
             target = f"{stream} for {text_arg(args[0])!r}"
         elif stage == "execve":

@@ -430,14 +430,19 @@ def test_enoexec_is_126_and_never_handed_to_sh(tmp_path: Path) -> None:
 
 
 def test_cwd_missing_or_not_a_directory(tmp_path: Path) -> None:
-    """A missing cwd is ENOENT and a file cwd is ENOTDIR: spawn failed, 127."""
+    """A missing cwd is ENOENT and a file cwd is ENOTDIR: spawn failed, 127, and the text
+    names the errno, the cwd and the program (SPEC 2.3: every `spawn failed: ` names both)."""
     missing = run(["true"], cwd=tmp_path / "nope")
-    assert missing.exit_code == 127 and "ENOENT" in missing.runner_error
-    assert missing.runner_error.startswith("spawn failed: ")
+    assert missing.exit_code == 127 and missing.runner_error is not None
+    assert missing.runner_error == (
+        f"spawn failed: ENOENT (No such file or directory): cwd {str(tmp_path / 'nope')!r} "
+        "for 'true'")
     f = tmp_path / "file"
     f.write_text("")
     notdir = run(["true"], cwd=f)
-    assert notdir.exit_code == 127 and "ENOTDIR" in notdir.runner_error
+    assert notdir.exit_code == 127 and notdir.runner_error is not None
+    assert notdir.runner_error.startswith("spawn failed: ENOTDIR (")
+    assert notdir.runner_error.endswith(f"cwd {str(f)!r} for 'true'")
 
 
 def test_cwd_is_entered(tmp_path: Path) -> None:
