@@ -40,18 +40,20 @@ def argv_of(cmd: object, shell: object) -> list[bytes]:
         ValueError: a string without a shell, a vector with one, an empty vector.
         UnencodableArgv: an entry no bytes encode (content: a result, not an error).
     """
-    if isinstance(shell, str):
-        shell_prog: str | None = shell or None
-    elif isinstance(shell, bool):
+    shell_prog: StrOrBytesPath | None
+    if isinstance(shell, bool):
         shell_prog = "/bin/sh" if shell else None
+    elif isinstance(shell, (str, bytes, os.PathLike)):
+        shell_prog = shell or None  # "" names no shell
     else:
-        raise TypeError(f"shell must be a bool or a program name, not {type(shell).__name__}")
+        raise TypeError("shell must be a bool or a program name or path, "
+                        f"not {type(shell).__name__}")
     if isinstance(cmd, str):
         if shell_prog is None:
             raise ValueError("a string command needs shell=True or shell='bash'; "
                              "pass an argument vector to run without a shell")
         try:
-            return [text_entry(shell_prog, "the shell"), b"-c",
+            return [entry(shell_prog, "the shell"), b"-c",
                     text_entry(cmd, "the command string")]
         except Unencodable as err:
             raise UnencodableArgv(err, [shell_prog, "-c", cmd]) from None

@@ -221,7 +221,7 @@ def _execute_in_tmpdir(prepared: Prepared, spec: _native.NativeSpec, started: fl
 
 @overload
 def run(
-    cmd: Command, *, shell: bool | str = ..., timeout: float | None = ...,
+    cmd: Command, *, shell: bool | StrOrBytesPath = ..., timeout: float | None = ...,
     max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
     stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
     env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
@@ -233,7 +233,7 @@ def run(
 ) -> Result[bytes]: ...
 @overload
 def run(
-    cmd: Command, *, shell: bool | str = ..., timeout: float | None = ...,
+    cmd: Command, *, shell: bool | StrOrBytesPath = ..., timeout: float | None = ...,
     max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
     stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
     env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
@@ -245,7 +245,7 @@ def run(
 ) -> Result[str]: ...
 @overload
 def run(
-    cmd: Command, *, shell: bool | str = ..., timeout: float | None = ...,
+    cmd: Command, *, shell: bool | StrOrBytesPath = ..., timeout: float | None = ...,
     max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
     stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
     env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
@@ -258,7 +258,7 @@ def run(
 def run(
     cmd: Command,
     *,
-    shell: bool | str = False,
+    shell: bool | StrOrBytesPath = False,
     timeout: float | None = DEFAULT_TIMEOUT,
     max_output: int | None = DEFAULT_MAX_OUTPUT,
     on_overflow: Literal["truncate", "kill"] = "truncate",

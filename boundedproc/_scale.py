@@ -220,7 +220,7 @@ def _refused(dry: AnyResult, code: int, what: str, check: bool) -> AnyResult:
 
 @overload
 async def run_async(
-    cmd: Command, *, shell: bool | str = ..., timeout: float | None = ...,
+    cmd: Command, *, shell: bool | StrOrBytesPath = ..., timeout: float | None = ...,
     max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
     stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
     env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
@@ -232,7 +232,7 @@ async def run_async(
 ) -> Result[bytes]: ...
 @overload
 async def run_async(
-    cmd: Command, *, shell: bool | str = ..., timeout: float | None = ...,
+    cmd: Command, *, shell: bool | StrOrBytesPath = ..., timeout: float | None = ...,
     max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
     stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
     env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
@@ -244,7 +244,7 @@ async def run_async(
 ) -> Result[str]: ...
 @overload
 async def run_async(
-    cmd: Command, *, shell: bool | str = ..., timeout: float | None = ...,
+    cmd: Command, *, shell: bool | StrOrBytesPath = ..., timeout: float | None = ...,
     max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
     stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
     env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
@@ -257,7 +257,7 @@ async def run_async(
 async def run_async(
     cmd: Command,
     *,
-    shell: bool | str = False,
+    shell: bool | StrOrBytesPath = False,
     timeout: float | None = DEFAULT_TIMEOUT,
     max_output: int | None = DEFAULT_MAX_OUTPUT,
     on_overflow: Literal["truncate", "kill"] = "truncate",
@@ -402,7 +402,7 @@ class JobOptions(TypedDict, total=False):
     that all of them have one output type.
     """
 
-    shell: bool | str
+    shell: bool | StrOrBytesPath
     timeout: float | None
     max_output: int | None
     on_overflow: Literal["truncate", "kill"]
@@ -498,7 +498,7 @@ def _shell_off(cmd: Any, options: Mapping[str, Any]) -> bool:
 @overload
 def run_many(
     cmds: Iterable[Command | Job], jobs: int = ..., *, progress: bool = ...,
-    shell: bool | str = ..., timeout: float | None = ...,
+    shell: bool | StrOrBytesPath = ..., timeout: float | None = ...,
     max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
     stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
     env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
@@ -511,7 +511,7 @@ def run_many(
 @overload
 def run_many(
     cmds: Iterable[Command | Job], jobs: int = ..., *, progress: bool = ...,
-    shell: bool | str = ..., timeout: float | None = ...,
+    shell: bool | StrOrBytesPath = ..., timeout: float | None = ...,
     max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
     stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
     env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
@@ -524,7 +524,7 @@ def run_many(
 @overload
 def run_many(
     cmds: Iterable[Command | Job], jobs: int = ..., *, progress: bool = ...,
-    shell: bool | str = ..., timeout: float | None = ...,
+    shell: bool | StrOrBytesPath = ..., timeout: float | None = ...,
     max_output: int | None = ..., on_overflow: Literal["truncate", "kill"] = ...,
     stdin: StdinSource = ..., cwd: StrOrBytesPath | None = ...,
     env: Mapping[str, str | None] | None = ..., env_mode: Literal["merge", "replace"] = ...,
@@ -539,7 +539,7 @@ def run_many(
     jobs: int = 4,
     *,
     progress: bool = False,
-    shell: bool | str = False,
+    shell: bool | StrOrBytesPath = False,
     timeout: float | None = DEFAULT_TIMEOUT,
     max_output: int | None = DEFAULT_MAX_OUTPUT,
     on_overflow: Literal["truncate", "kill"] = "truncate",

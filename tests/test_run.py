@@ -521,6 +521,18 @@ def test_shell_forms() -> None:
     assert r.stdout.strip() == "bash" and r.args[0] == "bash"
 
 
+@pytest.mark.parametrize("shell", [Path("/bin/sh"), b"/bin/sh"])
+def test_shell_may_be_a_path_object_or_bytes(shell: object) -> None:
+    """SPEC 2.1: shell= is "any program name or path": an os.PathLike or bytes names it
+    as a str does (a string command still needs it; a vector still refuses it)."""
+    r = run("echo $0", shell=shell, text=True)  # type: ignore[arg-type]
+    assert r.args == ("/bin/sh", "-c", "echo $0") and r.stdout.strip() == "/bin/sh"
+    with pytest.raises(ValueError):
+        run(["true"], shell=shell)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        run("true", shell=3)  # type: ignore[arg-type]
+
+
 # ---- results ------------------------------------------------------------------
 
 def test_result_is_frozen_and_check_raises() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 from boundedproc import (
     CAPTURE,
@@ -38,6 +39,11 @@ def text_is_str() -> str:
     r: Result[str] = run("echo hi; echo oops >&2", shell=True, text=True, timeout=5)
     words: list[str] = r.stdout.split()
     return r.stderr.strip() + " ".join(words)
+
+
+def shell_by_path() -> str:
+    """``shell=`` takes a path object as well as a name."""
+    return run("echo $0", shell=Path("/bin/sh"), text=True).stdout
 
 
 def text_false_is_bytes() -> bytes:
