@@ -116,10 +116,14 @@ struct bp_run {
     int64_t bound_end_ns;   /* start + timeout + kill_grace + drain_grace; -1: none */
 };
 
+/* kill.c */
+int bp__pidfd_exit_status(int pidfd, pid_t pid, int *status);
+
 /* spawn.c */
 int bp__spawn(struct bp_run *run);
 
 int bp__lift_pair(int p[2]);
+int bp__lift_fd(int fd);
 int bp__make_pipe(int p[2]);
 int bp__set_nonblock(int fd);
 void bp__spawn_failed(struct bp_run *run, int stage, int err);

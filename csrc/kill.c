@@ -72,9 +72,10 @@ void bp__record_unknown_status(struct bp_result *res)
 }
 
 /*
- * The leader's wait status from its pidfd after someone else reaped it
- * (Linux 6.15's PIDFD_INFO_EXIT; the headers may predate it).  Returns 1
- * with *status set, or 0 where the kernel cannot tell.
+ * A child's wait status from its pidfd after someone else reaped it (an
+ * ignored SIGCHLD has the kernel do so): Linux 6.15's PIDFD_INFO_EXIT; the
+ * headers may predate it.  Returns 1 with *status set, or 0 where the kernel
+ * cannot tell.  Used for the leader (kill.c) and the supervisor (sup.c).
  */
 #if defined(__linux__)
 #include <sys/ioctl.h>
@@ -88,10 +89,10 @@ struct bp_pidfd_info {          /* struct pidfd_info, its first version (64 byte
 #define BP_PIDFD_GET_INFO _IOWR(0xFF, 11, struct bp_pidfd_info)
 #endif
 
-static int exit_status_from_pidfd(const struct bp_run *run, int *status)
+int bp__pidfd_exit_status(int pidfd, pid_t pid, int *status)
 {
 #if defined(__linux__)
-    if (run->res->exit_watch != BP_WATCH_PIDFD || run->exit_fd < 0)
+    if (pidfd < 0)
         return 0;
     /* The kernel records the exit in the pidfd as it starts to release the task, a
      * moment after the pidfd turned readable and wait4 stopped seeing it, and before it
@@ -104,7 +105,7 @@ static int exit_status_from_pidfd(const struct bp_run *run, int *status)
         struct bp_pidfd_info info;
         memset(&info, 0, sizeof info);
         info.mask = BP_PIDFD_INFO_EXIT;
-        if (ioctl(run->exit_fd, BP_PIDFD_GET_INFO, &info) != 0) {
+        if (ioctl(pidfd, BP_PIDFD_GET_INFO, &info) != 0) {
             if (errno != ESRCH)
                 return 0;  /* ENOTTY, EINVAL: a kernel without PIDFD_GET_INFO */
         } else if (info.mask & BP_PIDFD_INFO_EXIT) {
@@ -113,7 +114,7 @@ static int exit_status_from_pidfd(const struct bp_run *run, int *status)
         }
         if (released)
             return 0;  /* released, and no exit recorded: a kernel before 6.15 */
-        released = kill(run->pid, 0) < 0 && errno == ESRCH;
+        released = kill(pid, 0) < 0 && errno == ESRCH;
         if (!released) {  /* not yet released: at most 0.1 s */
             struct timespec ts = {0, 250000};
             nanosleep(&ts, NULL);
@@ -121,7 +122,8 @@ static int exit_status_from_pidfd(const struct bp_run *run, int *status)
     }
     return 0;
 #else
-    (void)run;
+    (void)pidfd;
+    (void)pid;
     (void)status;
     return 0;
 #endif
@@ -153,7 +155,8 @@ int bp__reap(struct bp_run *run)
     int e = errno;  /* wait4's, whatever the pidfd is asked below */
     run->reaped = 1;
     struct bp_result *res = run->res;
-    if (r < 0 && e == ECHILD && exit_status_from_pidfd(run, &status)) {
+    if (r < 0 && e == ECHILD && run->res->exit_watch == BP_WATCH_PIDFD
+        && bp__pidfd_exit_status(run->exit_fd, run->pid, &status)) {
         /* Reaped by the kernel (the caller ignores SIGCHLD) or by a handler of the caller's
          * (waitpid(-1)): the status came from the pidfd; the resource use is lost. */
         r = run->pid;

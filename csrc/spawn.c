@@ -37,6 +37,12 @@ static int move_above_stdio(int fd)
     return nfd;
 }
 
+/* Move a new fd above stdio (closing it on failure: -1, errno set). */
+int bp__lift_fd(int fd)
+{
+    return move_above_stdio(fd);
+}
+
 /* Move both ends of a new pair above stdio; on failure close both. */
 int bp__lift_pair(int p[2])
 {

@@ -94,6 +94,9 @@ struct bp_sup {
     volatile int32_t *page; /* shared with it (bp_supervisor.h); NULL: none */
     int broken;             /* dead, unresponsive or tainted: never reuse */
     pid_t owner;            /* the process that started it */
+    int pidfd;              /* held from its start, -1: none (before Linux 5.3, no fd):
+                               its fate is read from it when an ignored SIGCHLD had
+                               the kernel reap it (Linux 6.15) */
 #ifdef __linux__
     struct bp_origin origin;  /* the starting thread's, when it started */
 #endif
@@ -185,12 +188,13 @@ static int reap_sup(struct bp_sup *sup, int ms, int kill_first)
     int got = try_reap(sup->pid, &status);
 #ifdef SYS_pidfd_open
     if (got == 0) {
-        int pfd = (int)syscall(SYS_pidfd_open, sup->pid, 0);
+        int pfd = sup->pidfd >= 0 ? sup->pidfd : (int)syscall(SYS_pidfd_open, sup->pid, 0);
         if (pfd >= 0) {
             got = try_reap(sup->pid, &status);
             if (got == 0 && wait_readable(pfd, ms) == 1)
                 got = try_reap(sup->pid, &status);
-            (void)close(pfd);
+            if (pfd != sup->pidfd)
+                (void)close(pfd);
             ms = 0;  /* waited already: on to the SIGKILL if it is still there */
         }
     }
@@ -206,6 +210,8 @@ static int reap_sup(struct bp_sup *sup, int ms, int kill_first)
         nanosleep(&ts, NULL);
         got = try_reap(sup->pid, &status);
     }
+    if (got < 0)  /* ECHILD: reaped by the kernel (the caller ignores SIGCHLD) */
+        (void)bp__pidfd_exit_status(sup->pidfd, sup->pid, &status);
     sup->pid = 0;
     return status;
 }
@@ -221,6 +227,14 @@ static void unmap_page(struct bp_sup *sup)
     if (sup->page != NULL)
         (void)munmap((void *)sup->page, BP_SUP_PAGE_SIZE);
     sup->page = NULL;
+}
+
+/* Free what the struct holds besides the socket, and the struct. */
+static void sup_dispose(struct bp_sup *sup)
+{
+    unmap_page(sup);
+    bp__close_fd(&sup->pidfd);
+    free(sup);
 }
 
 /* What the supervisor's start hands its vfork-style child. */
@@ -331,6 +345,7 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
         errno = ENOMEM;
         return -1;
     }
+    sup->pidfd = -1;
     int sv[2], ep[2] = {-1, -1};
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
         int e = errno;
@@ -382,8 +397,7 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
     if (pid < 0) {
         bp__close_fd(&sv[0]);
         bp__close_fd(&ep[0]);
-        unmap_page(sup);
-        free(sup);
+        sup_dispose(sup);
         *stage = BP_STAGE_FORK;
         errno = fork_errno;
         return -1;
@@ -391,6 +405,12 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
     sup->pid = pid;
     sup->sock = sv[0];
     sup->owner = getpid();
+#ifdef SYS_pidfd_open
+    /* Right after its start (one that already died and was reaped by the kernel gives
+     * ESRCH: no pidfd, no fate, as before; its pid reused within these microseconds
+     * would need the whole pid space to wrap). */
+    sup->pidfd = bp__lift_fd((int)syscall(SYS_pidfd_open, pid, 0));
+#endif
     int e[2] = {0, 0};
     ssize_t n;
     do {
@@ -420,8 +440,7 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
     if (fail_stage != 0) {
         bp__close_fd(&sup->sock);
         (void)reap_sup(sup, 1000, 0);
-        unmap_page(sup);
-        free(sup);
+        sup_dispose(sup);
         *stage = fail_stage;
         errno = fail_err;
         return -1;
@@ -483,8 +502,7 @@ void bp_sup_free(struct bp_sup *sup)
     bp__close_fd(&sup->sock);
     if (sup->owner == getpid())
         (void)reap_sup(sup, 200, 0);
-    unmap_page(sup);
-    free(sup);
+    sup_dispose(sup);
     errno = saved;
 }
 
@@ -498,8 +516,7 @@ void bp_sup_forget(struct bp_sup *sup)
         return;
     int saved = errno;
     bp__close_fd(&sup->sock);
-    unmap_page(sup);
-    free(sup);
+    sup_dispose(sup);
     errno = saved;
 }
 
