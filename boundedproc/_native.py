@@ -678,11 +678,17 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
         if isinstance(got, _StartFailure):
             return _spawn_failure(got)
         sup = got
+        del got
     try:
-        return _drive(c, res, handle, sup, on_output, control)
+        return _drive(c, res, handle, ffi.NULL if sup is None else sup.ptr,
+                      0 if sup is None else sup.pid, on_output, control)
     finally:
         if sup is not None:
             _release(sup)
+            # An exception's traceback keeps this frame (and it may sit in a reference
+            # cycle until the garbage collector runs): not the supervisor with it, which a
+            # thread that ends must free at once, so that it is reaped, not left a zombie.
+            sup = None
 
 
 def _spawn_failure(failure: _StartFailure) -> NativeOutcome:
@@ -727,12 +733,11 @@ def _runner_failure(res: Any, sup_pid: int) -> str | None:
 _CHUNK, _DONE = lib.BP_CHUNK, lib.BP_DONE
 
 
-def _drive(c: Any, res: Any, handle: Any, sup: _Supervisor | None,
+def _drive(c: Any, res: Any, handle: Any, sup_ptr: Any, sup_pid: int,
            on_output: Callable[[int, bytes], None] | None,
            control: RunControl | None) -> NativeOutcome:
-    """Start the run and drive it to the end; the supervisor's pool is the caller's."""
-    sup_ptr = ffi.NULL if sup is None else sup.ptr
-    sup_pid = 0 if sup is None else sup.pid
+    """Start the run and drive it to the end on the supervisor ``sup_ptr`` (NULL:
+    uncontained), whose ``_Supervisor`` and pool are the caller's."""
     with _Wakeup() as wake:
         c.wake_fd = wake.fd
         # Everything from bp_start on is inside the try: a KeyboardInterrupt

@@ -8,6 +8,8 @@ core read the bytes is the order the rule counts them in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 import os
 import random
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+import psutil
 import pytest
 from conftest import alive, importable_env, pids_in, wait_dead
 from hypothesis import HealthCheck, given, settings
@@ -186,6 +189,38 @@ def test_callback_that_raises_kills_the_group_and_propagates(contain: bool,
     assert len(pids) == 2
     assert wait_dead(pids) == []
     assert len(os.listdir("/dev/fd")) == fds  # no pipe or pidfd left open
+
+
+def _zombie_supervisors() -> list[int]:
+    zombies = []
+    for kid in psutil.Process().children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if kid.status() == psutil.STATUS_ZOMBIE and kid.name() == "_bp_supervisor":
+                zombies.append(kid.pid)
+    return zombies
+
+
+@pytest.mark.skipif(not CONTAIN_SUPPORTED, reason="needs containment")
+def test_a_callback_that_raises_in_run_many_leaves_no_zombie_supervisor() -> None:
+    """run_many runs a command with on_output on a Python worker thread, which ends when
+    the callback raises.  Its supervisor is freed and reaped with the thread, not kept (a
+    zombie, killed by the thread's death) until the garbage collector breaks the reference
+    cycle of the exception's traceback, whose frames held it.  The collector is off here,
+    as it may be for a long while in a busy caller."""
+    def on_output(stream: int, chunk: bytes) -> None:
+        raise Boom("first chunk")
+
+    gc.disable()
+    try:
+        for _ in range(3):
+            with pytest.raises(Boom):
+                list(run_many([["echo", "x"]], on_output=on_output, jobs=1))
+        deadline = time.monotonic() + 5
+        while (zombies := _zombie_supervisors()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert zombies == []
+    finally:
+        gc.enable()
 
 
 def test_callback_can_cancel_a_run_that_floods_stdout() -> None:
