@@ -62,8 +62,9 @@
  * core compares the calling thread's with these, and replaces a supervisor
  * whose differ (bp__sup_usable).  The cwd, root and umask need no look: the
  * supervisor shares them (CLONE_FS, bp_sup_start).  Not followed: cgroup,
- * namespaces, oom_score_adj, ambient capabilities and the timer slack (each
- * needs /proc or many calls to read).
+ * namespaces, oom_score_adj, the capability bounding set, ambient capabilities
+ * and the timer slack (each needs /proc or many calls to read: the namespace
+ * links alone cost more a run than everything above; README.md).
  */
 #ifdef __linux__
 struct bp_origin {
