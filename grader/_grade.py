@@ -446,10 +446,12 @@ def _is_constant_emitter(check: str) -> bool:
     command = _trim(check)
     if command in ("true", ":"):
         return True
-    head, arguments = _first_word(command)
+    head, _ = _first_word(command)
     if head not in ("echo", "printf"):
         return False
-    return _READS_SOMETHING_ELSE.search(arguments) is None
+    # The argument text with the character that ends the first word: a newline there
+    # ("echo\ncat f") starts a second command as much as one further on does.
+    return _READS_SOMETHING_ELSE.search(command[len(head):]) is None
 
 
 def _is_self_certifying(check: str, expect: str | None) -> bool:

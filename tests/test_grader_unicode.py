@@ -97,9 +97,10 @@ def model_constant_emitter(check: str) -> bool:
     command = model_trim(check)
     if command in ("true", ":"):
         return True
-    head, arguments = model_first_word(command)
+    head, _ = model_first_word(command)
     if head not in ("echo", "printf"):
         return False
+    arguments = command[len(head):]  # with the character that ends the first word
     for at, char in enumerate(arguments):
         if char in "|;&\n<`":
             return False
