@@ -672,13 +672,9 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
             _get_wake_pipe()  # made once; out of fds is this run's spawn failure
         except OSError as e:
             return _spawn_failure(_StartFailure(lib.BP_STAGE_PIPE, e.errno or _errno.EMFILE))
-    sup: _Supervisor | None = None
-    if spec.contain:
-        got = _acquire(spec.contain_explicit)
-        if isinstance(got, _StartFailure):
-            return _spawn_failure(got)
-        sup = got
-        del got
+    sup = _acquire(spec.contain_explicit) if spec.contain else None
+    if isinstance(sup, _StartFailure):
+        return _spawn_failure(sup)
     try:
         return _drive(c, res, handle, ffi.NULL if sup is None else sup.ptr,
                       0 if sup is None else sup.pid, on_output, control)

@@ -155,7 +155,7 @@ int bp__reap(struct bp_run *run)
     int e = errno;  /* wait4's, whatever the pidfd is asked below */
     run->reaped = 1;
     struct bp_result *res = run->res;
-    if (r < 0 && e == ECHILD && run->res->exit_watch == BP_WATCH_PIDFD
+    if (r < 0 && e == ECHILD && res->exit_watch == BP_WATCH_PIDFD
         && bp__pidfd_exit_status(run->exit_fd, run->pid, &status)) {
         /* Reaped by the kernel (the caller ignores SIGCHLD) or by a handler of the caller's
          * (waitpid(-1)): the status came from the pidfd; the resource use is lost. */

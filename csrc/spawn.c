@@ -24,9 +24,10 @@
 extern char **environ;
 #endif
 
-/* Move fd to 3 or above so that dup2() onto 0..2 in the child never
- * clobbers another of our pipe ends (the caller may have closed its stdio). */
-static int move_above_stdio(int fd)
+/* Move a new fd to 3 or above so that dup2() onto 0..2 in the child never
+ * clobbers another of our fds (the caller may have closed its stdio); on
+ * failure it is closed: -1, errno set. */
+int bp__lift_fd(int fd)
 {
     if (fd < 0 || fd > 2)
         return fd;
@@ -37,17 +38,11 @@ static int move_above_stdio(int fd)
     return nfd;
 }
 
-/* Move a new fd above stdio (closing it on failure: -1, errno set). */
-int bp__lift_fd(int fd)
-{
-    return move_above_stdio(fd);
-}
-
 /* Move both ends of a new pair above stdio; on failure close both. */
 int bp__lift_pair(int p[2])
 {
-    p[0] = move_above_stdio(p[0]);
-    p[1] = move_above_stdio(p[1]);
+    p[0] = bp__lift_fd(p[0]);
+    p[1] = bp__lift_fd(p[1]);
     if (p[0] < 0 || p[1] < 0) {
         int saved = errno;
         if (p[0] >= 0)

@@ -175,10 +175,12 @@ static int try_reap(pid_t pid, int *status)
  *
  * It waits on a pidfd: a supervisor let go exits within a fraction of a
  * millisecond, and retrying every millisecond made each release (run_many's
- * end, a thread's exit) take a whole sleep, about 1.1 ms.  The pidfd is opened
+ * end, a thread's exit) take a whole sleep, about 1.1 ms.  The pidfd is the one
+ * held from its start; without one (none could be made then), one opened
  * between two tries that both find the child running, so it is surely that
  * child's, never a later process's that reuses the pid.  Without pidfds
- * (before Linux 5.3), the retry loop. */
+ * (before Linux 5.3), the retry loop.  When the kernel reaped it (ECHILD), the
+ * status comes from the held pidfd where the kernel keeps it (Linux 6.15). */
 static int reap_sup(struct bp_sup *sup, int ms, int kill_first)
 {
     if (sup->pid <= 0)
