@@ -110,6 +110,7 @@ struct bp_run {
     int ctl_fd;             /* unused (kept -1) */
     int sup_dead;           /* it died (or stopped answering) during the run */
     int sup_final;          /* its FINAL report came and was taken: nothing left to ask */
+    int exited_status;      /* the leader's wait status from EXITED, -1: none came */
     int sup_pending;        /* RUN sent; the leader's exec (or its failure) not yet known:
                                pid may still be 0, and the supervisor signals for us */
     int64_t next_sup_check_ns; /* when to look next whether the command stopped it */

@@ -29,7 +29,9 @@
  *                         with one, FINAL or EXITED says the exec worked)
  *     BP_MSG_SPAWN_FAILED stage/err say why; nothing is running, and a KILL
  *                         or SIGNAL that crossed it is ignored (no FINAL)
- *     BP_MSG_EXITED       the leader exited (still unreaped)
+ *     BP_MSG_EXITED       the leader exited (still unreaped): pid, and status,
+ *                         its wait status as peeked; kept by the core for a
+ *                         supervisor that dies before FINAL (SPEC 9.2)
  *     BP_MSG_FINAL        the leader's status; rusage summed over every process
  *                         reaped during the run (max_rss: the largest);
  *                         unkilled: adopted processes left alive.  Also sent
@@ -72,7 +74,7 @@
 #define BP_CMD_KILL 3
 
 /* This protocol's version, in HELLO's status (0 in every build before it was sent). */
-#define BP_SUP_PROTOCOL 0x62700004
+#define BP_SUP_PROTOCOL 0x62700005
 
 #define BP_MSG_HELLO 1
 #define BP_MSG_LEADER 2

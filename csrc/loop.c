@@ -302,6 +302,7 @@ int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_sup *s
     run->exit_fd = run->watch_pipe_w = run->stdin_fd = run->ctl_fd = run->spawn_pidfd = -1;
     run->out.fd = run->err.fd = -1;
     run->deadline_ns = -1;
+    run->exited_status = -1;
     res->stdin_delivered = spec->stdin_len == 0;
     res->raw_exit_code = -1;
     res->stdout_gap = res->stderr_gap = -1;

@@ -851,6 +851,7 @@ void bp__sup_event(struct bp_run *run)
         return;
     if (got == 1 && m.type == BP_MSG_EXITED) {
         exec_confirmed(run, 0);
+        run->exited_status = m.status;
         run->leader_exited = 1;
         return;
     }
@@ -864,6 +865,18 @@ void bp__sup_event(struct bp_run *run)
     }
     /* EOF or garbage: the supervisor is gone, and the leader with it. */
     sup_lost(run, BP_RUNNER_DIED);
+}
+
+/* The supervisor died before FINAL: the leader's own status when EXITED
+ * brought one that is not a success, else what a kill would report; never 0
+ * (SPEC 9.2).  Its resource use went with the supervisor. */
+static void record_lost_status(struct bp_run *run)
+{
+    int st = run->exited_status;
+    if (st >= 0 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+        bp__record_status(run->res, st);
+    else
+        bp__record_unknown_status(run->res);
 }
 
 /*
@@ -933,7 +946,7 @@ int bp__sup_reap(struct bp_run *run)
     run->res->runner_status = reap_sup(sup, 100, 1);
     kill_group(run, SIGKILL);
     if (run->res->spawned)
-        bp__record_unknown_status(run->res);
+        record_lost_status(run);
     return 0;
 }
 

@@ -123,6 +123,21 @@ static void send_simple(const struct sup *s, int type, int pid, int stage, int e
     send_msg(s, &m);
 }
 
+/* EXITED: the leader's status as peeked (still unreaped), so that the core
+ * has it even if we die before FINAL (SPEC 9.2). */
+static void send_exited(const struct sup *s, const siginfo_t *info)
+{
+    struct bp_sup_msg m;
+    memset(&m, 0, sizeof m);
+    m.type = BP_MSG_EXITED;
+    m.pid = (int)s->leader;
+    if (info->si_code == CLD_EXITED)
+        m.status = (info->si_status & 0xff) << 8;
+    else  /* CLD_KILLED, CLD_DUMPED */
+        m.status = (info->si_status & 0x7f) | (info->si_code == CLD_DUMPED ? 0x80 : 0);
+    send_msg(s, &m);
+}
+
 static void account(struct sup *s, const struct rusage *ru)
 {
     s->utime_us += (int64_t)ru->ru_utime.tv_sec * 1000000 + ru->ru_utime.tv_usec;
@@ -716,7 +731,7 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
                         finish_alone(s);  /* saves the core a round trip */
                         return 0;
                     }
-                    send_simple(s, BP_MSG_EXITED, (int)s->leader, 0, 0);
+                    send_exited(s, &info);
                 } else {
                     (void)reap_orphans(s);
                 }

@@ -132,6 +132,32 @@ def test_command_kills_its_supervisor() -> None:
     assert nxt.ok and wait_dead(pids_in(nxt.stdout), within=1.0) == []
 
 
+# The leader ends (`{end}`) and leaves a process in its group that, once adopted by the
+# supervisor, kills it when the grace's SIGTERM comes: the leader's status is known, FINAL
+# never comes.
+_KILLS_ITS_NEW_PARENT_ON_TERM = (
+    r"""sh -c 'trap "kill -9 \$(cut -d\" \" -f4 /proc/\$\$/stat); exit 0" TERM; """
+    r"""while :; do sleep 0.01; done' & echo $!; sleep 0.3; {end}""")
+
+
+@pytest.mark.parametrize(("end", "code", "sig"), [
+    ("exit 5", 5, None),
+    ("kill -USR1 $$", 128 + signal.SIGUSR1, signal.SIGUSR1),
+    ("exit 0", 137, signal.SIGKILL),  # never 0 (SPEC 9.2)
+])
+def test_a_supervisor_killed_after_its_leader_exited_keeps_the_leaders_status(
+        end: str, code: int, sig: int | None) -> None:
+    """SPEC 9.2: 137 "unless the leader's own status is known and non-zero"."""
+    r = run(["sh", "-c", _KILLS_ITS_NEW_PARENT_ON_TERM.format(end=end)], timeout=10,
+            kill_grace=5)
+    assert_runner_failed(r)
+    assert "died during the run" in r.runner_error
+    assert (r.exit_code, r.term_signal) == (code, sig)
+    assert not r.timed_out
+    assert wait_dead(pids_in(r.stdout), within=1.5) == []
+    assert run(["true"]).ok
+
+
 def _parent_signaller(tmp_path_factory: pytest.TempPathFactory, sig: str) -> Path:
     """A tiny (static where it can be) C program that records its start and sends its
     parent `sig` at once, before its supervisor can have reported it started.  The record
