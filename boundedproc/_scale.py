@@ -65,7 +65,6 @@ includes the wait.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import importlib
@@ -356,6 +355,8 @@ async def run_async(
         cancel=cancel, kill_grace=kill_grace, drain_grace=drain_grace, limits=limits,
         contain=contain, on_output=on_output, keep=keep, stdout=stdout, stderr=stderr,
         user=user, group=group, tmpdir=tmpdir, check=check, **unknown)
+    import asyncio  # here, not at the top: only a caller in a loop, which has it, pays for it
+
     cmd = _one_shot(cmd)
     dry = _validate(cmd, options)
     loop = asyncio.get_running_loop()
@@ -1036,7 +1037,7 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
 def _measure_async(n: int = 200, seconds: float = 0.5) -> None:
     """Print the numbers quoted in the module docstring, for run_async and for
     asyncio's own subprocess support (the event loop watching the pipes)."""
-    import time
+    import asyncio
 
     def rss_kib() -> int:
         with open("/proc/self/status") as f:

@@ -99,6 +99,17 @@ def test_version_flag(module: str) -> None:
         0, f"boundedproc {boundedproc.__version__}\n", "")
 
 
+@pytest.mark.parametrize("module", ["boundedproc", "boundedproc.timeout", "grader"])
+def test_import_leaves_asyncio_out(module: str) -> None:
+    """Importing the package (or starting the timeout(1) CLI) does not import asyncio, ssl
+    and the rest: only run_async needs it, and its caller has it.  That is about a third of
+    the CLI's start, and of the window in which a Ctrl-C ends it with a traceback."""
+    code = f"import sys, {module}; print(sorted({{'asyncio', 'ssl'}} & set(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=importable_env(), timeout=60, check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "[]\n", "")
+
+
 def test_console_scripts() -> None:
     """An installed distribution has the boundedproc and boundedproc-grade console scripts."""
     try:
