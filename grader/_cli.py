@@ -866,12 +866,16 @@ def _grade_pass(
 ) -> int:
     """Grade the claims, write their lines and the summary; return the exit status."""
     out: IO[str]
+    where = args.out if args.out is not None else "stdout"
     if args.out is not None:
         try:
             out = open(args.out, "w", encoding="utf-8")  # noqa: SIM115 - closed below
         except OSError as exc:
             print(f"grader: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
+    elif sys.stdout is None:  # started with fd 1 closed
+        print("grader: cannot write stdout: it is closed", file=sys.stderr)
+        return EXIT_BAD_INPUT
     else:
         out = sys.stdout
 
@@ -898,8 +902,23 @@ def _grade_pass(
     try:
         for outcome in results:
             outcomes.append(outcome)
-            out.write(outcome_json(outcome) + "\n")
-            out.flush()
+            line = outcome_json(outcome) + "\n"
+            try:
+                out.write(line)
+                out.flush()
+            except OSError as exc:
+                raise _OutputFailed(exc) from exc
+    except _OutputFailed as failed:
+        # Not a bug of the grader: the reader left (`| head`) or the disk is full.  The
+        # checks still running end now, as on Ctrl-C, and no verdict is implied.
+        if cancel is not None:
+            cancel.cancel()
+        results.close()
+        progress.close()
+        _stop_writing(out)
+        exc = failed.error
+        print(f"grader: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         # Locally every running check watches this Cancel: their groups are killed and reaped,
         # and closing the generator waits for the pool, so nothing outlives the interrupted
@@ -937,7 +956,50 @@ def _grade_pass(
     return EXIT_OK
 
 
+class _OutputFailed(Exception):
+    """Writing a claim's line failed (``error``): the pass stops, exit 2."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _stop_writing(out: IO[str]) -> None:
+    """Drop what ``out`` still buffers: a stdout whose reader left would raise again at
+    the interpreter's exit, with "Exception ignored" on stderr."""
+    if out is sys.stdout:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, out.fileno())
+        finally:
+            os.close(devnull)
+    else:
+        try:
+            out.close()
+        except OSError:
+            pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; an exception it did not expect (a bug, or a core that cannot
+    be loaded) prints its traceback and returns 3, never Python's default 1, which would
+    read as "some claim contradicted".
+
+    Args:
+        argv: The arguments after the program name; ``None`` for ``sys.argv[1:]``.
+
+    Returns:
+        The exit status, as ``_main``'s.
+    """
+    try:
+        return _main(argv)
+    except Exception:  # noqa: BLE001 - reported: exit 3
+        traceback.print_exc()
+        print("grader: internal error (exit 3: no verdict)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     """Run the command line.
 
     Args:

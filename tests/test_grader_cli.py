@@ -689,6 +689,50 @@ def test_a_bug_in_the_grading_stops_the_pass_with_exit_three_not_one(
     assert "internal error" in captured.err
 
 
+def test_a_core_that_cannot_be_loaded_exits_three_not_one(tmp_path: Path) -> None:
+    """A broken install (the C core missing, or built for another libc) is the grader's own
+    failure: exit 3 with the ImportError, never 1, which the README's first command (and
+    any CI script) reads as "some claim contradicted"."""
+    path = write_claims(tmp_path, claim("a", check="echo 6"))
+    code = ("import sys; sys.modules['boundedproc._bp'] = None  # the core cannot be imported\n"
+            "from grader._cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          text=True, env=importable_env(), timeout=60, check=False)
+    assert proc.returncode == cli.EXIT_INTERNAL == 3, proc.stderr
+    assert "ImportError" in proc.stderr and "internal error" in proc.stderr
+    assert proc.stdout == ""
+
+
+def _claims_for_a_while(tmp_path: Path) -> Path:
+    return write_claims(tmp_path, *(claim(f"c{i}", check="echo 6") for i in range(200)))
+
+
+@pytest.mark.parametrize("shell_redirect", [">/dev/full", ">&-", "| head -c 1 >/dev/null"])
+def test_stdout_that_cannot_be_written_exits_two_without_a_traceback(
+        tmp_path: Path, shell_redirect: str) -> None:
+    """A full disk, a closed stdout or a reader that left is not a bug of the grader: the
+    pass stops with "cannot write stdout" and exit 2, no traceback, no check left running."""
+    path = _claims_for_a_while(tmp_path)
+    argv = " ".join(f"'{word}'" for word in [sys.executable, "-m", "grader", str(path)])
+    script = f"{argv} 2>err {shell_redirect}; echo ${{PIPESTATUS[0]}} > rc"
+    subprocess.run(["bash", "-c", script], cwd=tmp_path, env=importable_env(), timeout=120,
+                   check=True)
+    err = (tmp_path / "err").read_text()
+    assert (tmp_path / "rc").read_text().strip() == "2", err
+    assert re.search(r"^grader: cannot write stdout: .+$", err, re.M), err
+    assert "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_out_file_that_cannot_be_written_exits_two(tmp_path: Path) -> None:
+    path = _claims_for_a_while(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "grader", str(path), "--out", "/dev/full"],
+                          capture_output=True, text=True, env=importable_env(), timeout=120,
+                          check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "grader: cannot write /dev/full: No space left on device" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_no_free_process_slot_makes_checks_unrunnable_not_a_crash() -> None:
     """As nobody at RLIMIT_NPROC 1, no thread and no process can start: every check that
     has to run is unrunnable (a runner failure), and the pass itself completes."""
