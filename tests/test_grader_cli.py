@@ -719,7 +719,7 @@ def test_stdout_that_cannot_be_written_exits_two_without_a_traceback(
                    check=True)
     err = (tmp_path / "err").read_text()
     assert (tmp_path / "rc").read_text().strip() == "2", err
-    assert re.search(r"^grader: cannot write stdout: .+$", err, re.M), err
+    assert re.search(r"^grader: cannot write stdout: .+$", err, re.MULTILINE), err
     assert "Traceback" not in err and "Exception ignored" not in err
 
 
