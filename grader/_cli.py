@@ -916,8 +916,8 @@ def _grade_pass(
         results.close()
         progress.close()
         _stop_writing(out)
-        exc = failed.error
-        print(f"grader: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
+        why = failed.error.strerror or failed.error
+        print(f"grader: cannot write {where}: {why}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         # Locally every running check watches this Cancel: their groups are killed and reaped,
