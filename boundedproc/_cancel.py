@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import fcntl
 import os
 from typing import TypeVar
 
@@ -10,6 +12,41 @@ __all__ = ["ALSO_CANCEL", "Cancel"]
 
 
 _C = TypeVar("_C", bound="Cancel")
+
+
+def above_stdio(fd: int) -> int:
+    """``fd``, or, when it took one of the numbers 0-2 (a caller started with them
+    closed), a close-on-exec copy of it above them, the original closed.  A caller's
+    ``INHERIT`` passes its fds 0-2 on as they are, and one of the library's own long-lived
+    fds (a wakeup pipe, a switch) must never be what a command gets there.
+
+    Raises OSError (EMFILE): no fd above 2 is free; ``fd`` is closed then too.
+    """
+    if fd > 2:
+        return fd
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    finally:
+        os.close(fd)
+
+
+def pipe_above_stdio() -> tuple[int, int]:
+    """``os.pipe()`` whose ends are both above fd 2 (see ``above_stdio``).
+
+    Raises OSError: as ``os.pipe()`` (EMFILE); nothing is left open then.
+    """
+    r, w = os.pipe()
+    try:
+        r = above_stdio(r)
+    except OSError:
+        os.close(w)
+        raise
+    try:
+        return r, above_stdio(w)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.close(r)
+        raise
 
 
 class Cancel:
@@ -24,7 +61,7 @@ class Cancel:
     __slots__ = ("__weakref__", "_r", "_set", "_w")
 
     def __init__(self) -> None:
-        self._r, self._w = os.pipe()
+        self._r, self._w = pipe_above_stdio()
         os.set_blocking(self._w, False)
         self._set = False
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from boundedproc._cancel import pipe_above_stdio
 from boundedproc._version import __version__
 
 
@@ -461,7 +462,7 @@ def _get_wake_pipe() -> tuple[int, int]:
     global _wake_pipe, _wake_poll
     with _wake_lock:
         if _wake_pipe is None:
-            r, w = os.pipe()
+            r, w = pipe_above_stdio()
             os.set_blocking(r, False)
             os.set_blocking(w, False)
             if hasattr(select, "poll"):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, overload
 
 from boundedproc import _command, _ids, _native, _tmpdir
-from boundedproc._cancel import ALSO_CANCEL, Cancel
+from boundedproc._cancel import ALSO_CANCEL, Cancel, above_stdio
 from boundedproc._command import Command, StrOrBytesPath, text_arg
 from boundedproc._options import (
     CAPTURE,
@@ -51,7 +51,7 @@ def _devnull() -> int:
     """One close-on-exec ``/dev/null`` fd per process, opened on first use."""
     global _DEVNULL_FD
     if _DEVNULL_FD is None:
-        _DEVNULL_FD = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        _DEVNULL_FD = above_stdio(os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
     return _DEVNULL_FD
 
 

@@ -701,6 +701,33 @@ def test_callers_stdio_closed(contain: bool, tmp_path: object) -> None:
         assert json.load(f) == ["in out\n", "err\n", 0, 6]
 
 
+def test_callers_closed_stdio_never_takes_the_librarys_own_fds(tmp_path: object) -> None:
+    """fds 0-2 closed in the caller: the library's own long-lived fds (the main thread's
+    wakeup pipe, a Cancel's pipe, its /dev/null) are made above them, so a later INHERIT
+    hands the command a closed fd, as the caller has, never one of them.  (A wakeup pipe
+    on fd 2 once took a command's stderr bytes to asyncio as signal numbers.)"""
+    out = f"{tmp_path}/out.json"
+    code = f"""
+        from boundedproc import CAPTURE, DEVNULL, INHERIT, Cancel
+        os.close(0); os.close(1); os.close(2)
+        log = open({out!r}, "w")  # takes fd 0, as the caller's own first open would
+        first = run(["true"], stdout=DEVNULL)  # the wakeup pipe, /dev/null
+        switch = Cancel()
+        seen = run(["sh", "-c", "for fd in 1 2; do [ -e /proc/self/fd/$fd ] && echo $fd; done"],
+                   stdout=CAPTURE, stderr=INHERIT)
+        open_low = [fd for fd in (1, 2) if os.path.exists(f"/proc/self/fd/{{fd}}")]
+        json.dump([first.ok, seen.stdout.decode(), open_low], log)
+        log.close()
+        switch.close()
+    """
+    done = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+                          env=importable_env(), timeout=60, check=False,
+                          stdin=subprocess.DEVNULL, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    with open(out) as f:
+        assert json.load(f) == [True, "1\n", []]
+
+
 @MODES
 def test_no_free_fd_is_a_result(contain: bool) -> None:
     """RLIMIT_NOFILE exhausted: `spawn failed: EMFILE`, no exception, and nothing leaked once
