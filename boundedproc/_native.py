@@ -672,10 +672,10 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
         try:
             _get_wake_pipe()  # made once; out of fds is this run's spawn failure
         except OSError as e:
-            return _spawn_failure(_StartFailure(lib.BP_STAGE_PIPE, e.errno or _errno.EMFILE))
+            return _spawn_failure(_StartFailure(lib.BP_STAGE_PIPE, e.errno or _errno.EMFILE), spec)
     sup = _acquire(spec.contain_explicit) if spec.contain else None
     if isinstance(sup, _StartFailure):
-        return _spawn_failure(sup)
+        return _spawn_failure(sup, spec)
     try:
         return _drive(c, res, handle, ffi.NULL if sup is None else sup.ptr,
                       0 if sup is None else sup.pid, on_output, control)
@@ -688,12 +688,14 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
             sup = None
 
 
-def _spawn_failure(failure: _StartFailure) -> NativeOutcome:
+def _spawn_failure(failure: _StartFailure, spec: NativeSpec) -> NativeOutcome:
     """The outcome of a run whose supervisor could not be started (EMFILE, EAGAIN)."""
     return NativeOutcome(
         spawned=False, pid=0, exit_code=SPAWN_FAILURE_EXIT_CODE, term_signal=0,
         timed_out=False, cancelled=False, output_truncated=False, escaped=False,
-        stdin_delivered=False, stdin_written=0,
+        # SPEC 2.3: "there was no payload, or all of it was written", as the core says
+        # of a start that failed in it.
+        stdin_delivered=not spec.stdin, stdin_written=0,
         # Our own pipes and fork fail for the caller's reasons and are told as such; any
         # other step belongs to the supervisor program, never to the command.
         err_stage=(failure.stage if failure.stage in (lib.BP_STAGE_PIPE, lib.BP_STAGE_FORK,
@@ -846,6 +848,9 @@ class Batch:
 
         Raises OSError or MemoryError (out of fds or memory): nothing was started.
         """
+        # Set first: __del__ (close) runs also when this raises.
+        self._ptr: Any = None
+        self._inflight: dict[int, tuple[NativeSpec, Any, list[object], Any]] = {}
         out = ffi.new("struct bp_batch **")
         self._env = _supervisor_environment()
         if lib.bp_batch_new(jobs, SUPERVISOR_PATH.encode(), self._env[0], out) < 0:
@@ -853,10 +858,9 @@ class Batch:
             if err == _errno.ENOMEM:
                 raise MemoryError("boundedproc: cannot allocate a batch")
             raise OSError(err, f"boundedproc: cannot make a batch: {os.strerror(err)}")
-        self._ptr: Any = out[0]
+        self._ptr = out[0]
         self.window = window
         self._done = ffi.new("struct bp_batch_done[]", window)  # all of them in one call
-        self._inflight: dict[int, tuple[NativeSpec, Any, list[object], Any]] = {}
         self._forked = False  # set in a forked child, where it is unusable
         _batches.add(self)
 
@@ -913,7 +917,7 @@ class Batch:
             if failure is None:
                 self.submit(tag, replace(spec, contain=False))
                 return None
-            return BatchDone(tag, _spawn_failure(failure), None, duration)
+            return BatchDone(tag, _spawn_failure(failure, spec), None, duration)
         assert_never_state(kind == lib.BP_BATCH_CANCELLED, f"batch run ended with {kind}")
         return BatchDone(tag, None, None, duration)
 

@@ -729,6 +729,31 @@ def test_callers_closed_stdio_never_takes_the_librarys_own_fds(tmp_path: object)
 
 
 @MODES
+def test_no_free_fd_keeps_stdin_delivered_and_stderr_clean(contain: bool) -> None:
+    """Out of fds, a run that never started says stdin_delivered as SPEC 2.3 has it (True
+    with no payload, False with one) in run() and run_many alike, and run_many's batch
+    that could not be made leaves nothing on the caller's stderr."""
+    script = PRELUDE + textwrap.dedent(f"""
+        from boundedproc import run_many
+        run(["true"], contain={contain})
+        held = use_up_fds()
+        got = []
+        for payload in (None, b"x"):
+            a = run(["true"], stdin=payload, contain={contain})
+            b = next(iter(run_many([["true"]], stdin=payload, contain={contain})))
+            got += [[r.spawned, r.stdin_delivered] for r in (a, b)]
+        for fd in held:
+            os.close(fd)
+        print(json.dumps(got))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env=importable_env(), check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [[False, True]] * 2 + [[False, False]] * 2
+    assert done.stderr == ""
+
+
+@MODES
 def test_no_free_fd_is_a_result(contain: bool) -> None:
     """RLIMIT_NOFILE exhausted: `spawn failed: EMFILE`, no exception, and nothing leaked once
     fds are free again."""
