@@ -612,10 +612,44 @@ static char *spec_blob(const struct bp_spec *spec, char *const *envp, struct bp_
     return blob;
 }
 
+/* The spec in a pipe made large enough to hold all of it, written before RUN
+ * is sent, so never blocked on.  For a caller whose RLIMIT_FSIZE (ulimit -f)
+ * is below the spec's size: a memfd is a file, and writing past the limit
+ * fails with EFBIG (and raises SIGXFSZ); a pipe knows no such limit.  Its size
+ * is bounded by /proc/sys/fs/pipe-max-size (1 MiB by default) for an
+ * unprivileged caller: past that, EFBIG stays the answer. */
+static int spec_pipe(const char *blob, size_t len)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC | O_NONBLOCK) < 0)
+        return -1;
+    int size = fcntl(p[1], F_GETPIPE_SZ);
+    if (size >= 0 && (size_t)size < len)
+        size = len > INT_MAX ? -1 : fcntl(p[1], F_SETPIPE_SZ, (int)len);
+    int rc = -1;
+    if (size >= 0 && (size_t)size < len)
+        errno = EFBIG;
+    else if (size >= 0)
+        rc = put(p[1], blob, len);
+    int e = errno;
+    bp__close_fd(&p[1]);
+    if (rc < 0) {
+        bp__close_fd(&p[0]);
+        errno = e;
+        return -1;
+    }
+    return p[0];
+}
+
 /* A spec too large for one record, in a memfd: no size limit, and a send
- * that never blocks on a slow reader. */
+ * that never blocks on a slow reader (in a pipe when the caller's file size
+ * limit is below it). */
 static int spec_memfd(const char *blob, size_t len)
 {
+    struct rlimit fsize;
+    if (getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY
+        && (rlim_t)len > fsize.rlim_cur)
+        return spec_pipe(blob, len);
     int fd = (int)syscall(SYS_memfd_create, "boundedproc-spec", 1U); /* MFD_CLOEXEC */
     if (fd < 0 || put(fd, blob, len) < 0) {
         int e = errno;

@@ -560,10 +560,17 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
             err = ENOMEM;
             goto fail;
         }
+        int piped = 0;  /* a pipe, not a memfd (sup.c: spec_pipe): read, not pread */
         while (got < (size_t)cmd->spec_len) {
-            ssize_t r = pread(fds->spec, s->blob + got, (size_t)cmd->spec_len - got, (off_t)got);
+            size_t want = (size_t)cmd->spec_len - got;
+            ssize_t r = piped ? read(fds->spec, s->blob + got, want)
+                              : pread(fds->spec, s->blob + got, want, (off_t)got);
             if (r < 0 && errno == EINTR)
                 continue;
+            if (r < 0 && errno == ESPIPE && !piped) {
+                piped = 1;
+                continue;
+            }
             if (r <= 0) {
                 err = r < 0 ? errno : EIO;
                 goto fail;

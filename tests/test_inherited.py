@@ -754,6 +754,26 @@ def test_no_free_fd_keeps_stdin_delivered_and_stderr_clean(contain: bool) -> Non
 
 
 @MODES
+def test_a_low_file_size_limit_does_not_refuse_a_large_spec(contain: bool) -> None:
+    """`ulimit -f 4` in a caller with a large environment (a spec past the 48 KiB that
+    travel in the supervisor's RUN record): the spec cannot go in a memfd (a file, EFBIG,
+    and SIGXFSZ, here at its default action), so it goes in a pipe: the same results as
+    uncontained, for run() and run_many, and a large argv too."""
+    got = child(f"""
+        import resource
+        from boundedproc import run_many
+        os.environ["BIG"] = "y" * 60000
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it; a C caller may not
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+        a = run(["sh", "-c", 'echo ${{#BIG}}'], contain={contain})
+        b = next(iter(run_many([["sh", "-c", 'echo ${{#BIG}}']], contain={contain})))
+        c = run(["sh", "-c", 'echo $#', "sh", *["z" * 60000] * 4], contain={contain})
+        print(json.dumps([[r.exit_code, r.stdout.decode(), r.runner_error] for r in (a, b, c)]))
+    """)
+    assert got == [[0, "60000\n", None]] * 2 + [[0, "4\n", None]]
+
+
+@MODES
 def test_no_free_fd_is_a_result(contain: bool) -> None:
     """RLIMIT_NOFILE exhausted: `spawn failed: EMFILE`, no exception, and nothing leaked once
     fds are free again."""
