@@ -25,3 +25,24 @@ def test_example_grades_one_pass_one_failure_one_hostile_and_leaves_nothing() ->
     assert "AssertionError" in lines[1]
     assert "timed out" in lines[2]
     assert lines[3].startswith("passed 1 of 3") and lines[3].endswith("left behind: 0")
+
+
+def test_survivors_are_this_passs_own_not_a_neighbours() -> None:
+    """A sleeper like the hostile candidate's, left by another pass running beside this one
+    (two CI jobs on one host), is not counted; one carrying this pass's token is."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location("humaneval_grade", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    grade = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grade)
+    token = "BP_EXAMPLE_PASS=ours"
+    sleepers = [subprocess.Popen(grade.SLEEPER, env={"PATH": os.defpath, **env})
+                for env in ({"BP_EXAMPLE_PASS": "theirs"}, {"BP_EXAMPLE_PASS": "ours"})]
+    try:
+        assert grade.survivors(token) == [sleepers[1].pid]
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()

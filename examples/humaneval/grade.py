@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -50,14 +51,17 @@ def verdict(result: Result[str]) -> str:
     return f"failed: exit {result.exit_code}: {last}"
 
 
-def survivors() -> list[int]:
-    """Pids of processes running SLEEPER's command line (Linux /proc; empty elsewhere)."""
+def survivors(token: str) -> list[int]:
+    """Pids of processes running SLEEPER's command line with ``token`` in their environment:
+    this pass's, not another's running beside it (Linux /proc; empty elsewhere)."""
     found = []
     wanted = ("\0".join(SLEEPER) + "\0").encode()
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if entry.isdigit():
             try:
-                if Path("/proc", entry, "cmdline").read_bytes() == wanted:
+                if (Path("/proc", entry, "cmdline").read_bytes() == wanted
+                        and token.encode() in Path("/proc", entry, "environ").read_bytes()
+                        .split(b"\0")):
                     found.append(int(entry))
             except OSError:
                 continue
@@ -83,15 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     jobs = (Job([args.python, "-I", "-"], stdin=program(p)) for p in problems)
     started = time.monotonic()
     passed = 0
+    # Marks this pass's processes, so that survivors() counts only what this pass left.
+    token = f"BP_EXAMPLE_PASS={secrets.token_hex(8)}"
+    name, value = token.split("=")
     results = run_many(jobs, jobs=args.jobs, text=True, tmpdir=True, limits=limits,
-                       timeout=args.timeout, env={"PATH": os.defpath}, env_mode="replace",
+                       timeout=args.timeout, env={"PATH": os.defpath, name: value},
+                       env_mode="replace",
                        user=args.user, max_output=1 << 20)
     for problem, result in zip(problems, results):
         line = verdict(result)
         passed += line == "passed"
         print(f"{problem['task_id']:6} {problem['entry_point']:14} {line}"
               f"  ({result.duration:.2f} s; {problem['note']})")
-    left = survivors()
+    left = survivors(token)
     print(f"passed {passed} of {len(problems)} in {time.monotonic() - started:.2f} s; "
           f"processes left behind: {len(left)}")
     return 2 if left else 0
