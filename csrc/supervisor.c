@@ -32,8 +32,8 @@
  *
  * It dies with its caller: the caller's pidfd becomes readable when the
  * caller's process exits (whatever killed it, even the OOM killer); the
- * parent-death signal (SIGHUP, read from a signalfd and accepted only from
- * the kernel on behalf of the caller) fires when the calling thread exits;
+ * parent-death signal (DEATH_SIGNAL, read from a signalfd and accepted only
+ * from the kernel on behalf of the caller) fires when the calling thread exits;
  * and the socket reads EOF when the core lets go.  Any of them: kill
  * everything, reap, exit.  The leader gets PR_SET_PDEATHSIG(SIGKILL) before
  * its exec, so if the supervisor itself is killed, the leader dies with it
@@ -66,6 +66,9 @@
 #include <unistd.h>
 
 #define MAX_KIDS 4096
+/* Our parent-death signal: the last real-time one, which nothing sends a
+ * process group by custom (drain_signals). */
+#define DEATH_SIGNAL SIGRTMAX
 #define PROBE_SPAN 32768
 #define DEFAULT_BUDGET_NS 2000000000LL
 #define SETTLE_SIGNAL_MS 100  /* how long a signal waits for a start to settle */
@@ -74,13 +77,13 @@ struct sup {
     pid_t self;
     pid_t caller;
     int sock;
-    int sfd;              /* signalfd: SIGCHLD, SIGHUP (parent death) */
+    int sfd;              /* signalfd: SIGCHLD, DEATH_SIGNAL (parent death) */
     int caller_fd;        /* pidfd of the caller's process, -1: none */
     int proc_ok;          /* /proc is our namespace's */
     int kids_fd;          /* /proc/self/task/TID/children, open for good; -1: none */
     volatile int32_t *page;  /* the page shared with the core (bp_supervisor.h), or NULL */
     int held[2];          /* the child's stdout and stderr ends, held until FINAL; -1: none */
-    int parent_died;      /* the kernel's SIGHUP was read (drain_signals) */
+    int parent_died;      /* the kernel's DEATH_SIGNAL was read (drain_signals) */
     /* the current run */
     pid_t leader;
     int new_session;
@@ -669,16 +672,19 @@ static void close_run_fds(struct run_fds *fds)
     fds->spec = fds->std[0] = fds->std[1] = fds->std[2] = -1;
 }
 
-/* A SIGHUP from the kernel on the calling thread's exit (parent death), not
- * one a command sent us: the kernel's carries SI_USER and the caller's pid,
- * which no other process can forge. */
+/* DEATH_SIGNAL from the kernel on the calling thread's exit (parent death),
+ * not one a command sent us: the kernel's carries SI_USER and the caller's
+ * pid, which no other process can forge.  The caller itself could: it is
+ * the kernel's only for a signal the caller has no reason to send its own
+ * process group, which we are in.  SIGHUP once served, and a caller that
+ * broadcast a reload (killpg(getpgrp(), SIGHUP)) ended every run in flight. */
 static int drain_signals(struct sup *s, int *chld)
 {
     struct signalfd_siginfo si;
     while (read(s->sfd, &si, sizeof si) == (ssize_t)sizeof si) {
         if (si.ssi_signo == SIGCHLD)
             *chld = 1;
-        else if (si.ssi_signo == SIGHUP && si.ssi_code == SI_USER
+        else if ((int)si.ssi_signo == DEATH_SIGNAL && si.ssi_code == SI_USER
                  && (pid_t)si.ssi_pid == s->caller)
             s->parent_died = 1;  /* kept: await_child may have read it */
     }
@@ -819,7 +825,7 @@ int main(int argc, char **argv)
 
     /* A clean signal state whatever we inherited: every disposition default
      * (an inherited SIG_IGN for SIGCHLD would have the kernel reap our
-     * children), every signal blocked; SIGCHLD and SIGHUP come through a
+     * children), every signal blocked; SIGCHLD and DEATH_SIGNAL come through a
      * signalfd, and nothing a command sends us runs a handler. */
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
@@ -833,7 +839,7 @@ int main(int argc, char **argv)
     sigset_t watched;
     sigemptyset(&watched);
     sigaddset(&watched, SIGCHLD);
-    sigaddset(&watched, SIGHUP);
+    sigaddset(&watched, DEATH_SIGNAL);
 
     int stage = 0, err = 0;
     if ((s.sfd = signalfd(-1, &watched, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) {
@@ -842,7 +848,7 @@ int main(int argc, char **argv)
     } else if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) {
         stage = BP_STAGE_PRCTL;
         err = errno;
-    } else if (prctl(PR_SET_PDEATHSIG, SIGHUP, 0, 0, 0) < 0) {
+    } else if (prctl(PR_SET_PDEATHSIG, DEATH_SIGNAL, 0, 0, 0) < 0) {
         stage = BP_STAGE_PRCTL;
         err = errno;
     }

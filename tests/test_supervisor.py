@@ -158,6 +158,27 @@ def test_a_supervisor_killed_after_its_leader_exited_keeps_the_leaders_status(
     assert run(["true"]).ok
 
 
+@pytest.mark.parametrize("sig", ["SIGHUP", "SIGTERM", "SIGUSR1"])
+def test_a_caller_that_signals_its_own_group_keeps_its_runs(sig: str) -> None:
+    """A caller that broadcasts a signal to its own process group (a reload to its workers,
+    the supervisors among them) and ignores it itself: contained runs in flight go on as
+    uncontained ones do.  SIGHUP from the caller's pid once read as the supervisor's
+    parent-death signal and ended them all."""
+    done = child_python(f"""
+        import json, os, signal, threading
+        from boundedproc import run
+        signal.signal(signal.{sig}, signal.SIG_IGN)
+        got = []
+        for contain in (True, False):
+            threading.Timer(0.3, os.killpg, (os.getpgrp(), signal.{sig})).start()
+            r = run(["sh", "-c", "sleep 1; echo done"], timeout=10, contain=contain)
+            got.append([r.exit_code, r.stdout.decode(), r.runner_error])
+        print(json.dumps(got))
+    """, start_new_session=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [[0, "done\n", None]] * 2
+
+
 def _parent_signaller(tmp_path_factory: pytest.TempPathFactory, sig: str) -> Path:
     """A tiny (static where it can be) C program that records its start and sends its
     parent `sig` at once, before its supervisor can have reported it started.  The record
