@@ -174,8 +174,9 @@ _NOTES: dict[Reason, str] = {
         "substring; record one decisive single-line value"
     ),
     Reason.INVALID_SHELL_SYNTAX: (
-        "bash -n refused the check, so it fails wherever it runs and says nothing about the "
-        "claim; record a command that bash accepts"
+        "bash -n refused the check, so it is not graded and says nothing about the claim "
+        "(syntax that a shopt in the check itself enables, such as extglob, is refused too: "
+        "bash -n runs nothing); record a command that bash accepts as written"
     ),
     Reason.NOT_RUN: "the check was not executed, so nothing was observed about the claim",
     Reason.RUNNER_FAILURE: (

@@ -541,11 +541,10 @@ def test_a_set_user_id_command_still_gains_its_privilege() -> None:
         shutil.copy(shutil.which("id") or "/usr/bin/id", prog)
         os.chmod(prog, 0o4755)
         out = as_nobody(f"""
-import subprocess
 out = dict(contained=boundedproc.run([{prog!r}, "-u"]).stdout.decode(),
            uncontained=boundedproc.run([{prog!r}, "-u"], contain=False).stdout.decode(),
            subprocess=subprocess.run([{prog!r}, "-u"], capture_output=True, text=True).stdout)
-""")
+""", imports="import subprocess")
         if out["subprocess"] != "0\n":
             pytest.skip(f"set-user-ID bits are not honoured here ({out['subprocess']!r})")
         assert out == {"contained": "0\n", "uncontained": "0\n", "subprocess": "0\n"}
@@ -849,7 +848,6 @@ def test_no_free_process_slot_is_a_result_in_run_async_and_run_many() -> None:
     """RLIMIT_NPROC reached (as nobody), so no thread can start either: run_async and
     run_many (core threads, Python workers) return `spawn failed: EAGAIN` results."""
     out = as_nobody("""
-import asyncio
 from boundedproc import run_async, run_many
 soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
 loop = asyncio.new_event_loop()
@@ -870,7 +868,7 @@ for name, call in calls.items():
 resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
 out["again"] = [r.ok for r in list(run_many([["true"]] * 3, jobs=2))
                 + [loop.run_until_complete(run_async(["true"]))]]
-""")
+""", imports="import asyncio")
     failed = [[False, 127, "spawn failed: EAGAIN"]]
     assert out["run_async"] == failed and out["run_many"] == failed
     assert out["run_many_py"] == failed

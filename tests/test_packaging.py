@@ -138,6 +138,22 @@ def test_console_script_version(script: str, banner: str) -> None:
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"{banner} {version}\n", "")
 
 
+@pytest.mark.parametrize(("module", "script"), [
+    ("grader", "boundedproc-grade"), ("boundedproc", "boundedproc")])
+def test_usage_names_the_command_as_it_was_run(module: str, script: str) -> None:
+    """`--help` names `python -m MODULE` when run so, and the console script by its own
+    name when run as that (not the `python -m` form, which that user did not type)."""
+    proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
+                          text=True, env=importable_env(), timeout=60, check=False)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"usage: python -m {module} ")
+    path = os.path.join(sysconfig.get_path("scripts"), script)
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"{script} is not installed beside {sys.executable}")
+    proc = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"usage: {script} "), proc.stdout
+
+
 def test_metadata() -> None:
     """The installed metadata: MIT with its LICENSE, typed, Python 3.10 to 3.13 (SPEC 9.7)."""
     try:
