@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line's parser (usage errors exit 125)."""
     p = _Parser(
         # As run: the console script by its name, python -m by the module.
-        prog=f"python -m boundedproc" if sys.argv[0].endswith("__main__.py") else None,
+        prog="python -m boundedproc" if sys.argv[0].endswith("__main__.py") else None,
         description="Run CMD bounded in time and output; at the end its whole process "
         "group is killed, so nothing it started survives.  Exits with CMD's exit code "
         "(124 on the deadline, 137 when killed for the output cap or cancelled, "

@@ -744,7 +744,7 @@ class _VersionAction(argparse.Action):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         # As run: the console script by its name, python -m by the module.
-        prog=f"python -m grader" if sys.argv[0].endswith("__main__.py") else None,
+        prog="python -m grader" if sys.argv[0].endswith("__main__.py") else None,
         description=(
             "Grade a JSON-lines file of claims. Each claim's shell check is parsed with "
             "`bash -n`, run bounded with `bash -c` (its whole process group is killed when it "
