@@ -29,6 +29,9 @@ __all__ = [
     "Stream",
 ]
 
+# (uid_t)-1 and (gid_t)-1: no id, "unchanged" to the kernel; the largest a run may name is one less.
+_ID_NONE = 2**32 - 1
+
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
 
@@ -448,8 +451,10 @@ def _validate(*, timeout: object, max_output: object, on_overflow: object, stdin
             continue
         if isinstance(ident, bool) or not isinstance(ident, (int, str)):
             raise TypeError(f"{name} must be a name, an id or None, not {type(ident).__name__}")
-        if isinstance(ident, int) and ident < 0:
-            raise ValueError(f"{name} must be an id >= 0, not {ident}")
+        # uid_t and gid_t are 32 bits, and their all-ones value means "leave it as it
+        # is" to setresuid/setresgid: a larger id would wrap (2**32 to 0, root).
+        if isinstance(ident, int) and not 0 <= ident < _ID_NONE:
+            raise ValueError(f"{name} must be an id from 0 to {_ID_NONE - 1}, not {ident}")
         if isinstance(ident, str) and (not ident or "\0" in ident):
             raise ValueError(f"{name} must be a non-empty name without NUL, not {ident!r}")
     for name, flag in (("merge_stderr", merge_stderr), ("text", text), ("tmpdir", tmpdir),

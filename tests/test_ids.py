@@ -240,3 +240,33 @@ def test_user_makes_max_processes_hold_as_root() -> None:
     while len(nobody_processes()) > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(nobody_processes()) <= before
+
+
+@pytest.mark.parametrize("kw", [
+    {"user": 2**32 - 1}, {"user": 2**32}, {"user": 2**32 + 65534}, {"user": 2**64},
+    {"group": 2**32 - 1}, {"group": 2**32}, {"user": "nobody", "group": 2**33},
+    {"user": -1}, {"group": -1},
+])
+def test_an_id_past_the_kernels_32_bits_is_a_caller_bug(kw: dict[str, object]) -> None:
+    """uid_t and gid_t are 32 bits: 2**32 would wrap to 0 (root) and 2**32 - 1 means
+    "unchanged" to setresuid, so a root caller's user=4294967295 ran its command as root.
+    Such an id is a ValueError before anything is made, like a negative one, in run(),
+    run_many and a Job; no tmpdir is left behind."""
+    from boundedproc import Job, run_many
+
+    before = set(os.listdir("/tmp"))
+    with pytest.raises(ValueError, match=r"must be an id from 0 to 4294967294"):
+        run(["id", "-u"], tmpdir=True, **kw)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"must be an id from 0 to 4294967294"):
+        run_many([["id"]], **kw)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"must be an id from 0 to 4294967294"):
+        list(run_many([Job(["id"], **kw)]))  # type: ignore[arg-type]
+    assert {n for n in set(os.listdir("/tmp")) - before if n.startswith("boundedproc-")} == set()
+
+
+@needs_root
+@CONTAIN
+def test_the_largest_id_is_set_as_asked(contain: bool) -> None:
+    """4294967294, the largest id there is, is set, not taken for "unchanged"."""
+    r = run(["sh", "-c", "id -u; id -g"], user=2**32 - 2, group=2**32 - 2, contain=contain)
+    assert (r.exit_code, r.stdout) == (0, b"4294967294\n4294967294\n")
