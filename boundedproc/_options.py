@@ -32,6 +32,23 @@ __all__ = [
 # (uid_t)-1 and (gid_t)-1: no id, "unchanged" to the kernel; the largest a run may name is one less.
 _ID_NONE = 2**32 - 1
 
+
+def check_ident(name: str, ident: object) -> None:
+    """``user=`` or ``group=`` (``name``): a name, or an id the kernel can set.
+
+    Raises:
+        TypeError: neither a str nor an int.
+        ValueError: an empty name or one with NUL; an id outside 0 to 4294967294: uid_t
+            and gid_t are 32 bits, and their all-ones value means "leave it as it is" to
+            setresuid/setresgid, so a larger id would wrap (2**32 to 0: root).
+    """
+    if isinstance(ident, bool) or not isinstance(ident, (int, str)):
+        raise TypeError(f"{name} must be a name, an id or None, not {type(ident).__name__}")
+    if isinstance(ident, int) and not 0 <= ident < _ID_NONE:
+        raise ValueError(f"{name} must be an id from 0 to {_ID_NONE - 1}, not {ident}")
+    if isinstance(ident, str) and (not ident or "\0" in ident):
+        raise ValueError(f"{name} must be a non-empty name without NUL, not {ident!r}")
+
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
 
@@ -447,16 +464,8 @@ def _validate(*, timeout: object, max_output: object, on_overflow: object, stdin
     if on_output is not None and not callable(on_output):
         raise TypeError(f"on_output must be callable or None, not {type(on_output).__name__}")
     for name, ident in (("user", user), ("group", group)):
-        if ident is None:
-            continue
-        if isinstance(ident, bool) or not isinstance(ident, (int, str)):
-            raise TypeError(f"{name} must be a name, an id or None, not {type(ident).__name__}")
-        # uid_t and gid_t are 32 bits, and their all-ones value means "leave it as it
-        # is" to setresuid/setresgid: a larger id would wrap (2**32 to 0, root).
-        if isinstance(ident, int) and not 0 <= ident < _ID_NONE:
-            raise ValueError(f"{name} must be an id from 0 to {_ID_NONE - 1}, not {ident}")
-        if isinstance(ident, str) and (not ident or "\0" in ident):
-            raise ValueError(f"{name} must be a non-empty name without NUL, not {ident!r}")
+        if ident is not None:
+            check_ident(name, ident)
     for name, flag in (("merge_stderr", merge_stderr), ("text", text), ("tmpdir", tmpdir),
                        ("check", check)):
         if not isinstance(flag, bool):

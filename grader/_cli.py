@@ -694,9 +694,14 @@ def _env_name(text: str) -> str:
 
 
 def _user(text: str) -> int | str:
-    if not text:
-        raise argparse.ArgumentTypeError("an empty user name")
-    return int(text) if text.isdigit() else text
+    from boundedproc._options import check_ident
+
+    user = int(text) if text.isdigit() else text
+    try:
+        check_ident("--user", user)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--user must be ")) from exc
+    return user
 
 
 def _positive_float(text: str) -> float:

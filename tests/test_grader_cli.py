@@ -321,6 +321,9 @@ def test_output_keeps_input_order_whatever_finishes_first(
         ["--executor", "threads"],
         ["--executor", "dask://127.0.0.1"],
         ["--connect-timeout", "0"],
+        ["--user", ""],
+        ["--user", "4294967295"],  # (uid_t)-1: "unchanged" to the kernel, so root stayed root
+        ["--user", "4294967296"],  # wraps to 0
         [],
     ],
 )
