@@ -16,8 +16,12 @@ to it, as the caller:
   on Linux (never by name); elsewhere by name, then verified to be the same
   directory before it is entered.
 - It never crosses into another filesystem or a mount point inside the tree
-  (a root command can mount there); what it cannot remove stays, and is
-  reported.
+  (a root command can mount there), nor empties the tree when a mount covers
+  the directory itself; what it cannot remove stays, and is reported.  A
+  mount is known by its id (``/proc/self/fdinfo``, of each directory it
+  opens), as well as by ``st_dev`` and by the mount table's paths: a bind
+  mount of a directory of the same filesystem has the same ``st_dev``, and a
+  path can go through a symlink (a ``TMPDIR`` that is one).
 - It does not raise for anything the command did: a failure is returned as
   text, ``tmpdir not removed: <errno name> (<why>): <path>`` (the first
   failure; the walk goes on and removes what it can).  ``run()`` puts that in
@@ -116,6 +120,19 @@ def _mounts_under(top: str) -> set[str]:
     return {p for p in found if p.startswith(prefix)}
 
 
+def _mount_id(fd: int) -> int | None:
+    """The id of the mount the open directory ``fd`` is on; ``None`` where unknown
+    (not Linux, no ``/proc``)."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
+            for line in f:
+                if line.startswith(b"mnt_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def _set_rwx(parent: int, name: str, st: os.stat_result) -> None:
     """Give the directory ``name`` (of ``parent``, as ``lstat`` saw it) back u+rwx.
 
@@ -159,10 +176,11 @@ def _open_dir(parent: int, name: str, st: os.stat_result) -> int:
 class _Walk:
     """One removal: the first error, and what not to descend into."""
 
-    def __init__(self, top: str, dev: int) -> None:
+    def __init__(self, top: str, dev: int, mount: int | None) -> None:
         self.top = top
         self.dev = dev
-        self.mounts = _mounts_under(top)
+        self.mount = mount  # the tree's mount id, None: unknown
+        self.mounts = _mounts_under(os.path.realpath(top))
         self.error: str | None = None
 
     def note(self, err: OSError, path: str) -> None:
@@ -210,13 +228,17 @@ class _Walk:
         except OSError as err:
             self.note(err, child)
             return
-        if st.st_dev != self.dev or child in self.mounts:
+        if st.st_dev != self.dev or os.path.realpath(child) in self.mounts:
             self.note(OSError(errno.EXDEV, "a mount point inside the tree, left alone"), child)
             return
         try:
             sub = _open_dir(dir_fd, name, st)
         except OSError as err:
             self.note(err, child)
+            return
+        if self.mount is not None and _mount_id(sub) != self.mount:
+            os.close(sub)
+            self.note(OSError(errno.EXDEV, "a mount point inside the tree, left alone"), child)
             return
         try:
             names = os.listdir(sub)
@@ -256,12 +278,17 @@ def remove(path: str) -> str | None:
             except OSError:
                 pass
             return _why(OSError(errno.ENOTDIR, "moved away by the command"), path)
-        walk = _Walk(path, st.st_dev)
         try:
             fd = _open_dir(parent_fd, name, st)
         except OSError as err:
             return _why(err, path)
         try:
+            mount = _mount_id(fd)
+            if mount is not None and mount != _mount_id(parent_fd):
+                # A mount covers the directory itself (a root command mounted over its
+                # TMPDIR): what is in it is the mounted tree's, never the run's.
+                return _why(OSError(errno.EXDEV, "a mount covers it, left alone"), path)
+            walk = _Walk(path, st.st_dev, mount)
             walk.empty(fd, path)
         finally:
             os.close(fd)

@@ -367,6 +367,65 @@ def test_a_mount_made_by_the_command_is_reported_not_raised() -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _precious(where: Path) -> Path:
+    """A directory on the temp dir's own filesystem, with a file and a subtree."""
+    precious = where / "precious"
+    (precious / "sub").mkdir(parents=True)
+    (precious / "keep").write_text("k")
+    (precious / "sub" / "k2").write_text("k2")
+    return precious
+
+
+def _intact(precious: Path) -> bool:
+    return (sorted(os.listdir(precious)) == ["keep", "sub"]
+            and (precious / "sub" / "k2").read_text() == "k2")
+
+
+@needs_root
+@pytest.mark.parametrize("contain", [True, False], ids=["contained", "uncontained"])
+def test_a_bind_mount_over_the_tmpdir_itself_is_left_alone(contain: bool, tmp_path: Path) -> None:
+    """A root command that bind-mounts a directory of the same filesystem over its own
+    TMPDIR: that directory's content is the mount's, never the run's (same st_dev, and no
+    mount point strictly inside the tree), so nothing of it is removed."""
+    precious = _precious(tmp_path)
+    r = run(["sh", "-c", f'mount --bind {precious} "$TMPDIR" && pwd'], tmpdir=True,
+            timeout=10, contain=contain)
+    if r.exit_code != 0:
+        pytest.skip(f"cannot mount here: {r.stderr!r}")
+    path = r.stdout.decode().strip()
+    try:
+        assert r.cleanup_error == (
+            f"tmpdir not removed: EXDEV (a mount covers it, left alone): {path!r}")
+        assert _intact(precious)
+    finally:
+        subprocess.run(["umount", path], check=False)
+        os.rmdir(path)
+
+
+@needs_root
+def test_a_bind_mount_inside_a_tmpdir_reached_through_a_symlink_is_left_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TMPDIR a symlink (the mount table names real paths) and a bind mount of the same
+    filesystem inside the run's directory (the same st_dev): the mount's id tells it."""
+    precious = _precious(tmp_path)
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "link"))
+    r = run(["sh", "-c", f"mkdir m && mount --bind {precious} m && pwd"], tmpdir=True,
+            timeout=10)
+    if r.exit_code != 0:
+        pytest.skip(f"cannot mount here: {r.stderr!r}")
+    path = r.stdout.decode().strip()
+    try:
+        assert r.cleanup_error is not None
+        assert r.cleanup_error.startswith("tmpdir not removed: EXDEV (a mount point inside")
+        assert _intact(precious)
+    finally:
+        subprocess.run(["umount", os.path.join(path, "m")], check=False)
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def test_no_run_directory_is_left_by_this_module() -> None:
     """After the runs above, no run directory of theirs is left in the temp dir."""
     before = run_dirs()
