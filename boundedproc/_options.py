@@ -113,8 +113,10 @@ class Limits:
 
     A limit the kernel refuses (above the hard limit without privilege, or
     above ``fs.nr_open`` for open files) gives a ``spawn failed:`` result.  A
-    value too large for the kernel's type is clamped to the largest it takes
-    (which it treats as unlimited).
+    value of 2**63 or more is clamped to 2**63 - 1: no limit in effect, though
+    the command's ``getrlimit`` shows that number, not ``RLIM_INFINITY``.
+    ``cpu_seconds`` is rounded up to whole seconds (at least 1: the kernel's
+    unit), with the hard limit one second later.
     """
 
     cpu_seconds: float | None = None
