@@ -102,6 +102,9 @@ struct bp_run {
     int64_t deadline_ns;    /* < 0: none */
     int64_t grace_end_ns;
     int64_t drain_end_ns;
+    int64_t drain_settle_ns; /* past drain_end, while a writer may be a killed process on its
+                               way out: when to call it an escapee (0: not yet looked) */
+    int drain_to_eof;       /* every writer is gone: read what is buffered to EOF */
     int64_t next_group_check_ns;
     int64_t group_check_step_ns;
     int sigkill_sent;
@@ -139,6 +142,9 @@ int bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err);
 int bp__sup_usable(const struct bp_sup *sup, int what);
 /* How often every wait on a supervisor looks whether the command stopped it. */
 #define BP_SUP_CHECK_NS 50000000LL
+/* Past drain_grace, how long a writer of the pipes may take to go (a process of
+ * the group just killed, on its way out) before it counts as an escapee. */
+#define BP_DRAIN_SETTLE_NS 5000000LL
 void bp__sup_revive(struct bp_sup *sup);
 void bp__sup_signal(struct bp_run *run, int sig);
 void bp__sup_event(struct bp_run *run);

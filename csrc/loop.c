@@ -73,6 +73,48 @@ static void enter_drain(struct bp_run *run)
         run->drain_end_ns = run->bound_end_ns > now + 5000000 ? run->bound_end_ns : now + 5000000;
 }
 
+/* Whether no process holds a write end of the output pipes still open here:
+ * a pipe with no writer polls POLLHUP (after its buffered bytes, if any). */
+static int writers_gone(const struct bp_run *run)
+{
+    struct pollfd p[2];
+    nfds_t n = 0;
+    if (run->out.fd >= 0)
+        p[n++] = (struct pollfd){run->out.fd, 0, 0};
+    if (run->err.fd >= 0)
+        p[n++] = (struct pollfd){run->err.fd, 0, 0};
+    if (poll(p, n, 0) < 0)
+        return 0;
+    for (nfds_t i = 0; i < n; i++)
+        if (!(p[i].revents & (POLLHUP | POLLERR)))
+            return 0;
+    return 1;
+}
+
+/*
+ * The drain's next deadline (-1: none), or 0 when it ends with an escapee
+ * (SPEC 2.3: a process outside the group still held the pipes at
+ * drain_grace).  At drain_grace the pipes are asked whether any writer is
+ * left, not only whether they reached EOF: the bytes still buffered (a slow
+ * on_output, a drain_grace of 0) are then read to EOF, never lost and never
+ * taken for an escapee.  A writer may be one of the group just killed, on its
+ * way out (or the supervisor about to close its copies): it gets a few ms.
+ */
+static int64_t drain_deadline(struct bp_run *run, int64_t now)
+{
+    if (run->drain_to_eof)
+        return -1;
+    if (now < run->drain_end_ns)
+        return run->drain_end_ns;
+    if (writers_gone(run)) {
+        run->drain_to_eof = 1;  /* finite: at most what the pipes hold */
+        return -1;
+    }
+    if (run->drain_settle_ns == 0)
+        run->drain_settle_ns = now + BP_DRAIN_SETTLE_NS;
+    return now < run->drain_settle_ns ? run->drain_settle_ns : 0;
+}
+
 /* SIGKILL the group, reap the leader, start draining. */
 static int kill_and_reap(struct bp_run *run)
 {
@@ -409,12 +451,12 @@ int bp_wait(struct bp_run *run)
                 finish(run);
                 return BP_DONE;
             }
-            if (now >= run->drain_end_ns) {
+            wake_at = drain_deadline(run, now);
+            if (wake_at == 0) {
                 res->escaped = 1;
                 finish(run);
                 return BP_DONE;
             }
-            wake_at = run->drain_end_ns;
         }
 
         int n = 0;

@@ -504,3 +504,47 @@ def test_inherit_with_a_temporary_fd_1_lands_in_the_file() -> None:
         f.seek(0)
         assert f.read() == b"through\n"
     assert r.ok and r.output_bytes == 0
+
+
+# ---- the drain: escaped means a writer is left, not that reading took long ------------------
+
+MODES_CONTAIN = pytest.mark.parametrize("contain", [True, False], ids=["contained", "uncontained"])
+
+
+@MODES_CONTAIN
+def test_a_slow_callback_loses_no_output_and_is_no_escapee(contain: bool) -> None:
+    """An on_output slower than drain_grace (a slow sink), the leader done and nothing else
+    holding the pipes: every byte is read and given to it, and escaped stays False.  The
+    drain's end once set escaped while bytes were still buffered and dropped them."""
+    got: list[bytes] = []
+
+    def slow(stream: int, chunk: bytes) -> None:
+        got.append(chunk)
+        time.sleep(0.2)
+
+    r = run(["sh", "-c", "head -c 1048576 /dev/zero; printf END"], on_output=slow,
+            max_output=None, drain_grace=0.1, contain=contain)
+    assert (r.ok, r.escaped, r.output_truncated) == (True, False, False)
+    assert r.output_bytes == 1048579 == len(r.stdout) == sum(map(len, got))
+    assert r.stdout.endswith(b"END")
+
+
+@MODES_CONTAIN
+def test_drain_grace_zero_is_no_escapee_when_the_killed_group_held_the_pipes(
+        contain: bool) -> None:
+    """drain_grace=0 and a background writer of the group killed at the leader's exit: it
+    dies a moment after the kill, and that moment is not an escape."""
+    results = [run(["sh", "-c", "yes & sleep 0.05"], drain_grace=0, max_output=None,
+                   contain=contain) for _ in range(20)]
+    assert [(r.exit_code, r.escaped) for r in results] == [(0, False)] * 20
+
+
+def test_a_writer_outside_the_group_is_still_an_escapee_at_drain_grace_zero(
+        reaper: list[int]) -> None:
+    """The check above does not hide a real escapee: one in its own session that keeps the
+    pipes open is escaped, with drain_grace=0, at once (within the few ms allowed)."""
+    r = run(["sh", "-c", "setsid sh -c 'echo $$; exec sleep 30' & sleep 0.2"], drain_grace=0,
+            contain=False, timeout=10)
+    reaper.extend(pids_in(r.stdout))
+    assert r.escaped and r.exit_code == 0
+    assert r.duration < 1
