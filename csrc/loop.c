@@ -362,8 +362,10 @@ int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_sup *s
         if (spec->kill_grace_ns >= 0)
             run->bound_end_ns = run->deadline_ns + spec->kill_grace_ns + spec->drain_grace_ns;
     }
-    if (spec->stdin_len == 0)
+    if (run->stdin_off >= spec->stdin_len) {  /* none, or all of it in the pipe (bp__spawn) */
+        res->stdin_delivered = 1;
         close_stdin(run);
+    }
 
     if (start_exit_watch(run) < 0) {
         /* Started but unwatchable: end it at once rather than run blind. */

@@ -269,6 +269,27 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
     return pid;
 }
 
+/* Write what of the stdin payload the pipe takes now, before the child
+ * exists (its read end is still ours, so no EPIPE): a payload the pipe can
+ * hold is then delivered whether or not the command reads it before it exits,
+ * never at the mercy of which of the two runs first.  The rest, if any, is
+ * written by the loop as the command reads. */
+static void prefill_stdin(struct bp_run *run, int fd)
+{
+    const struct bp_spec *spec = run->spec;
+    if (fd < 0 || spec->stdin_len == 0 || bp__set_nonblock(fd) < 0)
+        return;
+    while (run->stdin_off < spec->stdin_len) {
+        ssize_t n = write(fd, spec->stdin_data + run->stdin_off, spec->stdin_len - run->stdin_off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;  /* full (EAGAIN): the loop goes on from here */
+        run->stdin_off += (size_t)n;
+    }
+    run->res->stdin_written = run->stdin_off;
+}
+
 /*
  * bp__spawn: set up the child's stdio and start it, here (uncontained) or
  * through run->sup (contained).
@@ -307,6 +328,8 @@ int bp__spawn(struct bp_run *run)
         (void)fcntl(ours[1], F_SETPIPE_SZ, 1 << 20);
 #endif
 
+    prefill_stdin(run, ours[0]);
+
     int err = 0;
     pid_t pid = 0;
     int started;
@@ -320,6 +343,8 @@ int bp__spawn(struct bp_run *run)
     if (!started) {
         for (int i = 0; i < 3; i++)
             bp__close_fd(&ours[i]);
+        run->stdin_off = 0;  /* what the pipe took reached no command */
+        run->res->stdin_written = 0;
         if (!run->res->spawned)
             bp__spawn_failed(run, stage, err);
         return 0;

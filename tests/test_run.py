@@ -885,3 +885,27 @@ def test_remembered_options_still_refuse_what_differs_only_in_type() -> None:
     for _ in range(2):  # a refused value is never remembered
         with pytest.raises(ValueError):
             run(["true"], timeout=-1.0)
+
+
+@pytest.mark.parametrize("contain", [True, False], ids=["contained", "uncontained"])
+def test_a_payload_the_pipe_holds_is_delivered_to_a_command_that_never_reads(
+        contain: bool) -> None:
+    """A small stdin payload to a command that exits at once without reading it (a test
+    harness feeds every case an input the program may ignore): delivered every time.  It
+    was written only after the spawn, and lost the race to the command's exit about once in
+    a hundred runs (stdin_delivered=False, ok=False, `stdin not delivered: 0 of 6 bytes`);
+    it is now in the pipe before the command starts."""
+    results = [run(["true"], stdin=b"hello\n", contain=contain) for _ in range(500)]
+    bad = [(r.stdin_delivered, r.runner_error) for r in results if not r.ok]
+    assert bad == []
+    assert {r.stdin_delivered for r in results} == {True}
+
+
+def test_a_payload_larger_than_the_pipe_is_partly_written_before_the_start() -> None:
+    """Past what the pipe holds, the rest waits for the command to read: one that never
+    does leaves the payload undelivered, the bytes the pipe took counted as written."""
+    r = run(["true"], stdin=b"x" * (4 << 20))
+    assert (r.stdin_delivered, r.ok) == (False, False)
+    assert r.runner_error is not None
+    m = re.match(r"stdin not delivered: (\d+) of 4194304 bytes written", r.runner_error)
+    assert m is not None and 0 < int(m.group(1)) < 4 << 20, r.runner_error
