@@ -51,8 +51,9 @@ class Result(Generic[OutputT]):
         stdout_omitted: Bytes of stdout read and not kept (see ``keep``).
         stderr_omitted: Bytes of stderr read and not kept.
         stdout_gap: Where in the kept stdout the omitted bytes were
-            (``len(stdout)`` for ``keep="head"``, 0 for ``"tail"``); ``None``
-            when nothing was omitted.
+            (``len(stdout)`` for ``keep="head"``, 0 for ``"tail"``; an index
+            in the ``str`` with ``text=True``, whose head and tail are decoded
+            apart); ``None`` when nothing was omitted.
         stderr_gap: The same for stderr.
         cleanup_error: ``None``, or why the run's ``tmpdir`` (``tmpdir=True``)
             could not be removed whole, as ``tmpdir not removed: ENAME (why):

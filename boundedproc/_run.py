@@ -420,15 +420,24 @@ def unknown_keyword(unknown: Mapping[str, object], function: str = "run") -> Typ
     return TypeError(f"{function}() got an unexpected keyword argument {name!r}")
 
 
-def _output(data: bytes, text: bool) -> Any:
-    """A stream as a result holds it: ``str`` decoded as UTF-8 (errors replaced) with
-    ``text=True``, else the bytes."""
-    return data.decode("utf-8", "replace") if text else data
+def _kept(data: bytes, gap: int | None, text: bool) -> tuple[Any, int | None]:
+    """A stream and its gap as a result holds them: ``str`` decoded as UTF-8 (errors
+    replaced) with ``text=True``, else the bytes.  With ``text=True`` the bytes before
+    the gap and those after it (``keep="head+tail"``) are decoded apart, never as if they
+    were adjacent (a character cut at the head's end and one cut at the tail's start made
+    a third the command never printed), and the gap is an index in the ``str``."""
+    if not text:
+        return data, gap
+    if gap is None:
+        return data.decode("utf-8", "replace"), None
+    head = data[:gap].decode("utf-8", "replace")
+    return head + data[gap:].decode("utf-8", "replace"), len(head)
 
 
 def _make(text: bool, stdout: bytes, stderr: bytes, **fields: Any) -> AnyResult:
-    """A ``Result[str]`` or a ``Result[bytes]`` (see ``_output``)."""
-    return Result(stdout=_output(stdout, text), stderr=_output(stderr, text), **fields)
+    """A ``Result[str]`` or a ``Result[bytes]`` (see ``_kept``) of a run that kept nothing."""
+    return Result(stdout=_kept(stdout, None, text)[0], stderr=_kept(stderr, None, text)[0],
+                  **fields)
 
 
 def _not_spawned(prepared: Prepared, started: float) -> AnyResult:
@@ -491,14 +500,16 @@ def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes 
 def _to_result(out: _native.NativeOutcome, prepared: Prepared, started: float,
                duration: float | None = None) -> AnyResult:
     opts = prepared.options
+    stdout, stdout_gap = _kept(out.stdout, out.stdout_gap, opts.text)
+    stderr, stderr_gap = _kept(out.stderr, out.stderr_gap, opts.text)
     # Built here in one positional call (every field of Result, in its order), not through
     # _make: this runs once a command, and at scale the caller's CPU a run counts
     # (benchmarks/README.md, "The Python side of a run"); a test checks each field.
     return make_result(
         tuple([text_arg(a) for a in prepared.args]),  # args
         out.exit_code,
-        _output(out.stdout, opts.text),
-        _output(out.stderr, opts.text),
+        stdout,
+        stderr,
         out.timed_out,
         out.cancelled,
         out.output_truncated,
@@ -516,7 +527,7 @@ def _to_result(out: _native.NativeOutcome, prepared: Prepared, started: float,
         out.max_rss,
         out.stdout_omitted,
         out.stderr_omitted,
-        out.stdout_gap,
-        out.stderr_gap,
+        stdout_gap,
+        stderr_gap,
         None,  # cleanup_error
     )

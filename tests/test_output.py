@@ -548,3 +548,29 @@ def test_a_writer_outside_the_group_is_still_an_escapee_at_drain_grace_zero(
     reaper.extend(pids_in(r.stdout))
     assert r.escaped and r.exit_code == 0
     assert r.duration < 1
+
+
+@pytest.mark.parametrize(("data", "cap", "want", "gap"), [
+    # "€yyyyyyyyyyéZ" keeping 2 + 2 bytes: b"\xe2\x82" + b"\xa9Z" once decoded as one
+    # buffer made U+20A9 (WON SIGN), a character the command never printed.
+    (b"\xe2\x82\xac" + b"y" * 10 + b"\xc3\xa9Z", 4, "\ufffd\ufffdZ", 1),
+    ("€ and some text é".encode(), 5, "\ufffd é", 1),
+    (b"abcdefgh", 4, "abgh", 2),
+])
+def test_text_head_and_tail_are_decoded_apart_and_the_gap_is_a_str_index(
+        data: bytes, cap: int, want: str, gap: int) -> None:
+    """text=True with keep="head+tail": each side of the gap decoded on its own, and
+    stdout_gap an index in the str (stdout[:gap] is the head), as it is in the bytes."""
+    raw = run(["printf", "%s", data], max_output=cap, keep="head+tail")
+    r = run(["printf", "%s", data], max_output=cap, keep="head+tail", text=True)
+    assert raw.stdout_gap is not None
+    assert r.stdout == (raw.stdout[:raw.stdout_gap].decode("utf-8", "replace")
+                        + raw.stdout[raw.stdout_gap:].decode("utf-8", "replace")) == want
+    assert r.stdout_gap == gap
+    assert r.stdout_omitted == raw.stdout_omitted == len(data) - cap
+
+
+def test_text_head_gap_is_the_strs_length() -> None:
+    """keep="head" with text=True: the gap is len(stdout), the str's, not the bytes'."""
+    r = run(["printf", "%s", "ééééé".encode()], max_output=5, text=True)
+    assert (r.stdout, r.stdout_gap) == ("éé\ufffd", 3)
