@@ -167,7 +167,10 @@ def describe(result: Result[bytes] | Result[str], stderr_lines: int = 0) -> str:
     """One line saying how a run ended, for messages and logs.
 
     The command is quoted with ``shlex.join``; with ``stderr_lines``, the last
-    that many lines of its stderr follow on lines of their own.
+    that many lines of its stderr (of its stdout when stderr is empty, as with
+    ``merge_stderr``) follow on lines of their own, each cut to
+    ``_LINE_MAX`` characters, with control characters escaped: the message
+    stays readable whatever the command wrote.
     """
     cmd = shlex.join(result.args)
     if len(cmd) > 120:
@@ -188,9 +191,21 @@ def describe(result: Result[bytes] | Result[str], stderr_lines: int = 0) -> str:
         why = f"exit {result.exit_code}"
     line = f"{cmd}: {why}"
     if stderr_lines > 0:
-        err = result.stderr
-        text = err.decode("utf-8", "replace") if isinstance(err, bytes) else err
+        out = result.stderr or result.stdout
+        # The last lines are in the last bytes: never split 16 MiB to show five of them.
+        end = out[-stderr_lines * 4 * _LINE_MAX:]
+        text = end.decode("utf-8", "replace") if isinstance(end, bytes) else end
         tail = text.rstrip("\n").splitlines()[-stderr_lines:]
         if tail:
-            line += "\n" + "\n".join(f"  {t}" for t in tail)
+            line += "\n" + "\n".join(f"  {_readable(t)}" for t in tail)
     return line
+
+
+#: The most characters of one output line ``describe`` shows.
+_LINE_MAX = 200
+
+
+def _readable(text: str) -> str:
+    """One output line for a message: control characters escaped, cut to ``_LINE_MAX``."""
+    shown = "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in text)
+    return shown if len(shown) <= _LINE_MAX else shown[:_LINE_MAX - 3] + "..."

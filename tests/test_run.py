@@ -563,6 +563,20 @@ def test_check_true_raises_a_message_a_user_can_read() -> None:
     assert str(again) == message
 
 
+def test_check_message_stays_readable_whatever_the_command_wrote() -> None:
+    """A 16 MiB last line, control characters, and output merged into stdout: the message
+    is a few hundred characters, escaped, and shows the merged output's last lines."""
+    with pytest.raises(ProcessFailed) as info:
+        run([sys.executable, "-c", "import sys; sys.stderr.write('E' * 20_000_000); sys.exit(3)"],
+            check=True)
+    assert len(str(info.value)) < 1000
+    assert str(info.value).splitlines()[1] == "  " + "E" * 197 + "..."
+    cmd = ["sh", "-c", r"echo boom >&2; printf '\033[31mred\007\n' >&2; exit 3"]
+    with pytest.raises(ProcessFailed) as info:
+        run(cmd, check=True, merge_stderr=True)
+    assert str(info.value).splitlines()[1:] == ["  boom", "  \\x1b[31mred\\x07"]
+
+
 @pytest.mark.parametrize("keyword, hint", [
     ("input", "stdin="), ("capture_output", "captured by default"),
     ("universal_newlines", "text=True"), ("preexec_fn", "limits="),
