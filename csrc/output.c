@@ -291,6 +291,49 @@ static size_t prefault(struct bp_stream *s, size_t pos, size_t want)
 
 enum { TO_HEAD, TO_RING, TO_SCRATCH };
 
+/* got bytes of s were just written at the ring's wpos: their stream bits, and
+ * the write position, wrapping at limit. */
+static void ring_advance(struct bp_run *run, struct bp_stream *s, size_t got, size_t limit)
+{
+    struct bp_tail *t = &run->output.tail;
+    if (t->wrapped)
+        run->res->output_truncated = 1;  /* as many old bytes were just overwritten */
+    if (!t->solo)
+        set_bits(t->bits, t->wpos, got, s == &run->err);
+    t->wpos += got;
+    if (!t->wrapped)
+        t->ring.len = t->wpos;
+    if (t->wpos == limit) {
+        t->wpos = 0;
+        t->wrapped = 1;
+    }
+}
+
+/* n bytes of s, read into scratch, into a ring of limit bytes: only the last
+ * limit of them can stay, the rest is omitted.  Returns 0, or -1 out of
+ * memory. */
+static int ring_put(struct bp_run *run, struct bp_stream *s, const unsigned char *src, size_t n,
+                    size_t limit)
+{
+    struct bp_tail *t = &run->output.tail;
+    if (n > limit) {
+        run->res->output_truncated = 1;
+        src += n - limit;
+        n = limit;
+    }
+    while (n > 0) {
+        if (ring_reserve(run, s, limit) < 0)
+            return -1;
+        size_t end = t->ring.cap < limit ? t->ring.cap : limit;
+        size_t k = end - t->wpos < n ? end - t->wpos : n;
+        memcpy(t->ring.buf + t->wpos, src, k);
+        ring_advance(run, s, k, limit);
+        src += k;
+        n -= k;
+    }
+    return 0;
+}
+
 /* One read() of s, into its head, the tail ring or scratch, as the budgets
  * say.  Returns 1 when the pipe may hold more, 0 when it is empty for now
  * (or at EOF, or past the cap under overflow_kill), -1 on allocation
@@ -321,7 +364,7 @@ static int read_once(struct bp_run *run, struct bp_stream *s)
             want = room;
         want = prefault(s, s->len, want);
         where = TO_HEAD;
-    } else if (tlimit > 0) {
+    } else if (tlimit >= READ_CHUNK) {
         struct bp_tail *t = &o->tail;
         if (ring_reserve(run, s, tlimit) < 0)
             return no_memory(res);
@@ -330,6 +373,9 @@ static int read_once(struct bp_run *run, struct bp_stream *s)
         want = prefault(&t->ring, t->wpos, end - t->wpos);
         where = TO_RING;
     } else {
+        /* Past the cap; or into a small tail budget, where reading only up to
+         * the ring's wrap would take a few bytes a read (and a callback), so
+         * a whole read lands here and its last bytes are put in the ring. */
         size_t size = spec->report_chunks ? CHUNK_MAX : READ_CHUNK;
         if (o->scratch_cap < size) {
             free(o->scratch);
@@ -369,18 +415,10 @@ static int read_once(struct bp_run *run, struct bp_stream *s)
         s->len += got;
         run->kept += (uint64_t)got;
     } else if (where == TO_RING) {
-        struct bp_tail *t = &o->tail;
-        if (t->wrapped)
-            res->output_truncated = 1;  /* as many old bytes were just overwritten */
-        if (!t->solo)
-            set_bits(t->bits, t->wpos, got, s == &run->err);
-        t->wpos += got;
-        if (!t->wrapped)
-            t->ring.len = t->wpos;
-        if (t->wpos == tlimit) {
-            t->wpos = 0;
-            t->wrapped = 1;
-        }
+        ring_advance(run, s, got, tlimit);
+    } else if (tlimit > 0) {
+        if (ring_put(run, s, dst, got, tlimit) < 0)
+            return no_memory(res);
     } else {
         res->output_truncated = 1;
         if (spec->overflow_kill && run->phase == BP_PHASE_RUNNING)

@@ -574,3 +574,24 @@ def test_text_head_gap_is_the_strs_length() -> None:
     """keep="head" with text=True: the gap is len(stdout), the str's, not the bytes'."""
     r = run(["printf", "%s", "ééééé".encode()], max_output=5, text=True)
     assert (r.stdout, r.stdout_gap) == ("éé\ufffd", 3)
+
+
+@pytest.mark.parametrize("keep", ["tail", "head+tail"])
+def test_a_small_tail_reads_whole_chunks_not_a_few_bytes_at_a_time(keep: str) -> None:
+    """A tail budget of a few bytes: each read takes what the pipe holds (one callback a
+    chunk, as with keep="head"), and its last bytes go into the ring.  Reads stopped at the
+    ring's wrap, so a 16-byte tail meant 16-byte reads: 4 MiB took 260,000 reads and as
+    many callbacks (30 s for 10 MB at a 1-byte tail)."""
+    calls = [0]
+
+    def count(stream: int, chunk: bytes) -> None:
+        calls[0] += 1
+
+    data_len = 4 << 20
+    r = run(["sh", "-c", f"head -c {data_len} /dev/zero; printf 0123456789abcdefEND"],
+            max_output=16, keep=keep, on_output=count)
+    tail = 16 - 16 // 2 if keep == "head+tail" else 16
+    assert r.stdout.endswith(b"0123456789abcdefEND"[-tail:])
+    assert len(r.stdout) == 16 and r.output_truncated
+    assert r.output_bytes == data_len + 19 == len(r.stdout) + r.stdout_omitted
+    assert calls[0] < 2000, calls[0]
