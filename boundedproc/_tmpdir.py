@@ -180,7 +180,11 @@ class _Walk:
         self.top = top
         self.dev = dev
         self.mount = mount  # the tree's mount id, None: unknown
-        self.mounts = _mounts_under(os.path.realpath(top))
+        # The tree's resolved path, once: the walk never follows a symlink, so a path
+        # below it resolves to this plus the same names (realpath of each directory of a
+        # deep tree would cost as many system calls as it has levels).
+        self.real_top = os.path.realpath(top)
+        self.mounts = _mounts_under(self.real_top)
         self.error: str | None = None
 
     def note(self, err: OSError, path: str) -> None:
@@ -228,7 +232,7 @@ class _Walk:
         except OSError as err:
             self.note(err, child)
             return
-        if st.st_dev != self.dev or os.path.realpath(child) in self.mounts:
+        if st.st_dev != self.dev or self.real_top + child[len(self.top):] in self.mounts:
             self.note(OSError(errno.EXDEV, "a mount point inside the tree, left alone"), child)
             return
         try:
