@@ -695,12 +695,21 @@ def test_a_bug_in_the_grading_stops_the_pass_with_exit_three_not_one(
 def test_a_core_that_cannot_be_loaded_exits_three_not_one(tmp_path: Path) -> None:
     """A broken install (the C core missing, or built for another libc) is the grader's own
     failure: exit 3 with the ImportError, never 1, which the README's first command (and
-    any CI script) reads as "some claim contradicted"."""
+    any CI script) reads as "some claim contradicted".  The packages are copied with a core
+    that is no shared object, and Python runs without site-packages (-S), so that no other
+    copy's core can stand in for it (the loader looks for one on sys.path)."""
+    import shutil
+
+    for module in (boundedproc, cli):
+        src = Path(module.__file__ or "").resolve().parent
+        shutil.copytree(src, tmp_path / src.name, ignore=shutil.ignore_patterns(
+            "__pycache__", "*.so", "_bp_supervisor"))
+    (tmp_path / "boundedproc" / "_bp.abi3.so").write_bytes(b"not a shared object")
     path = write_claims(tmp_path, claim("a", check="echo 6"))
-    code = ("import sys; sys.modules['boundedproc._bp'] = None  # the core cannot be imported\n"
-            "from grader._cli import main; sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
-                          text=True, env=importable_env(), timeout=60, check=False)
+    code = "import sys; from grader._cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-S", "-c", code, str(path)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={"PATH": os.environ.get("PATH", os.defpath)})
     assert proc.returncode == cli.EXIT_INTERNAL == 3, proc.stderr
     assert "ImportError" in proc.stderr and "internal error" in proc.stderr
     assert proc.stdout == ""
