@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from conftest import importable_env
@@ -41,6 +42,12 @@ def test_survivors_are_this_passs_own_not_a_neighbours() -> None:
     sleepers = [subprocess.Popen(grade.SLEEPER, env={"PATH": os.defpath, **env})
                 for env in ({"BP_EXAMPLE_PASS": "theirs"}, {"BP_EXAMPLE_PASS": "ours"})]
     try:
+        # Popen returns once the exec began: /proc/PID/cmdline reads empty for a moment more.
+        wanted = ("\0".join(grade.SLEEPER) + "\0").encode()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(
+                Path(f"/proc/{p.pid}/cmdline").read_bytes() != wanted for p in sleepers):
+            time.sleep(0.01)
         assert grade.survivors(token) == [sleepers[1].pid]
     finally:
         for sleeper in sleepers:
