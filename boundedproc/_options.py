@@ -113,8 +113,9 @@ class Limits:
 
     A limit the kernel refuses (above the hard limit without privilege, or
     above ``fs.nr_open`` for open files) gives a ``spawn failed:`` result.  A
-    value of 2**63 or more is clamped to 2**63 - 1: no limit in effect, though
-    the command's ``getrlimit`` shows that number, not ``RLIM_INFINITY``.
+    value of 2**63 or more (``math.inf`` too, in any field) is clamped to
+    2**63 - 1: no limit in effect, though the command's ``getrlimit`` shows
+    that number, not ``RLIM_INFINITY``.
     ``cpu_seconds`` is rounded up to whole seconds (at least 1: the kernel's
     unit), with the hard limit one second later.
     """
@@ -133,10 +134,10 @@ class Limits:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"Limits.{name} must be a number or None, not {value!r}")
-            if name != "cpu_seconds" and not isinstance(value, int):
+            if math.isnan(value) or value < 0:
+                raise ValueError(f"Limits.{name} must be a number >= 0, not {value!r}")
+            if name != "cpu_seconds" and not (isinstance(value, int) or math.isinf(value)):
                 raise TypeError(f"Limits.{name} must be an int or None, not {value!r}")
-            if math.isnan(value) or value < 0 or math.isinf(value):
-                raise ValueError(f"Limits.{name} must be a finite number >= 0, not {value!r}")
 
     def native(self) -> tuple[list[int], list[int]]:
         """The soft and hard values per ``BP_RLIMIT_*`` index (-1: unchanged)."""
@@ -154,11 +155,31 @@ class Limits:
             (_native.RLIMIT_NOFILE, self.open_files),
         ):
             if value is not None:
-                soft[index] = hard[index] = min(int(value), top)
+                soft[index] = hard[index] = top if value >= top else int(value)
         return soft, hard
 
 
 NO_LIMITS = ([-1] * _native.NRLIMITS, [-1] * _native.NRLIMITS)
+
+
+def byte_cap(value: object) -> int | None:
+    """``max_output`` validated: an int >= 0, or ``None`` (infinity too) for no cap.
+
+    A NaN or negative cap is a ``ValueError`` whatever its type (SPEC 2.6); any
+    other float, a bool or a string is a ``TypeError``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, float):
+        if math.isnan(value) or value < 0:
+            raise ValueError(f"max_output must be >= 0, not {value!r}")
+        if math.isinf(value):
+            return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_output must be an int or None, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"max_output must be >= 0, not {value}")
+    return value
 
 
 def seconds(name: str, value: object, *, allow_none: bool) -> float | None:
@@ -404,11 +425,7 @@ def _validate(*, timeout: object, max_output: object, on_overflow: object, stdin
     kill_grace_s = seconds("kill_grace", kill_grace, allow_none=False)
     drain_grace_s = seconds("drain_grace", drain_grace, allow_none=False)
     assert kill_grace_s is not None and drain_grace_s is not None
-    if max_output is not None:
-        if isinstance(max_output, bool) or not isinstance(max_output, int):
-            raise TypeError(f"max_output must be an int or None, not {type(max_output).__name__}")
-        if max_output < 0:
-            raise ValueError(f"max_output must be >= 0, not {max_output}")
+    max_output = byte_cap(max_output)
     if on_overflow not in ("truncate", "kill"):
         raise ValueError(f"on_overflow must be 'truncate' or 'kill', not {on_overflow!r}")
     if keep not in ("head", "tail", "head+tail"):

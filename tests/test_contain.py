@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import signal
 import subprocess
@@ -179,6 +180,16 @@ def test_limits_validation() -> None:
         Limits(memory_bytes=1.5)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         run(["true"], limits={"cpu_seconds": 1})  # type: ignore[arg-type]
+
+
+def test_an_infinite_limit_is_no_limit() -> None:
+    """math.inf in any field means no limit (clamped to RLIM_INFINITY's neighbour), as
+    an infinite timeout means no deadline: the run starts and sees the limit lifted."""
+    r = run(["sh", "-c", "ulimit -t; ulimit -v"], text=True,
+            limits=Limits(cpu_seconds=math.inf, memory_bytes=math.inf))  # type: ignore[arg-type]
+    assert r.ok, r
+    cpu, mem = r.stdout.split()
+    assert int(cpu) >= 2**62 and int(mem) >= 2**52, r.stdout
 
 
 FORK_BOMB = textwrap.dedent("""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import pickle
 import re
@@ -499,6 +500,9 @@ def test_e2big_is_returned() -> None:
     (["true"], {"timeout": "1"}, TypeError),
     (["true"], {"max_output": -1}, ValueError),
     (["true"], {"max_output": 1.5}, TypeError),
+    (["true"], {"max_output": "1M"}, TypeError),
+    (["true"], {"max_output": -1.0}, ValueError),
+    (["true"], {"max_output": float("nan")}, ValueError),
     (["true"], {"on_overflow": "explode"}, ValueError),
     (["true"], {"env_mode": "mix"}, ValueError),
     (["true"], {"stdin": 5}, TypeError),
@@ -511,6 +515,12 @@ def test_caller_bugs_raise_before_spawn(cmd: object, kwargs: dict, exc: type) ->
     """Wrong types, bad bounds, unknown modes and shell mismatches raise at once."""
     with pytest.raises(exc):
         run(cmd, **kwargs)  # type: ignore[arg-type]
+
+
+def test_an_infinite_cap_is_no_cap() -> None:
+    """max_output=math.inf reads as None (as timeout=math.inf does): all is kept."""
+    r = run(["head", "-c", "100000", "/dev/zero"], max_output=math.inf)  # type: ignore[arg-type]
+    assert r.ok and len(r.stdout) == 100000 and not r.output_truncated
 
 
 def test_shell_forms() -> None:
