@@ -14,10 +14,15 @@ and exec can call no NSS code), and only looks things up: the C core does the
   ``group`` alone the uid is left as it is and the supplementary groups are
   ``[gid]``, so the caller's other groups are dropped there too.
 - A numeric id need not exist in the user or group database (a sandbox often
-  runs as an unnamed uid), but a uid that has no ``passwd`` entry has no
-  primary group and no group list: it needs ``group=`` as well.
-- A name that does not exist (or a uid without an entry and no ``group=``)
-  is not an exception but a result: ``resolve`` returns ``Unresolved`` whose
+  runs as an unnamed uid).  A uid that has no ``passwd`` entry has no primary
+  group and no group list: without ``group=`` it runs with the gid of the same
+  number and no other group (the "user private group" convention), never
+  with the caller's groups (root's, say).
+- A string of digits is a name first and, when no user (group) has that
+  name, the id it spells, as ``chown`` and ``runuser`` read it: ``"65534"``
+  from a command line is ``65534``.
+- A name that does not exist is not an exception but a result: ``resolve``
+  returns ``Unresolved`` whose
   ``runner_error`` reads, for example,
   ``spawn failed: ENOENT (no such user): user 'bob'``.  ``spawn failed:``
   because it is a fact of the machine the command was to run on, like a
@@ -35,7 +40,11 @@ from dataclasses import dataclass
 
 from boundedproc._native import spawn_failed
 
-__all__ = ["Ids", "Unresolved", "resolve"]
+__all__ = ["ID_NONE", "Ids", "Unresolved", "resolve"]
+
+#: (uid_t)-1 and (gid_t)-1: no id, "unchanged" to the kernel; the largest id a
+#: run may name is one less.
+ID_NONE = 2**32 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +91,14 @@ def _group_id(group: int | str) -> int | Unresolved:
     try:
         return grp.getgrnam(group).gr_gid
     except KeyError:
+        if _digits(group):
+            return int(group)
         return _unknown("group", group, "no such group")
+
+
+def _digits(name: str) -> bool:
+    """Whether a name that the database lacks spells an id (ASCII digits, below ID_NONE)."""
+    return name.isascii() and name.isdigit() and int(name) < ID_NONE
 
 
 def _group_list(name: str, gid: int) -> tuple[int, ...] | Unresolved:
@@ -107,8 +123,7 @@ def resolve(user: int | str | None, group: int | str | None) -> Ids | Unresolved
 
     Returns:
         The ``Ids`` to set (see the module docstring for the rules), or
-        ``Unresolved`` for a name the user or group database does not have,
-        and for a uid without a ``passwd`` entry when no ``group`` is given.
+        ``Unresolved`` for a name the user or group database does not have.
     """
     if user is None and group is None:
         return NO_CHANGE
@@ -121,15 +136,19 @@ def resolve(user: int | str | None, group: int | str | None) -> Ids | Unresolved
     if user is None:
         assert gid is not None
         return Ids(None, gid, (gid,))
-    try:
-        entry = pwd.getpwnam(user) if isinstance(user, str) else pwd.getpwuid(user)
-    except KeyError:
-        if isinstance(user, str):
-            return _unknown("user", user, "no such user")
-        if gid is None:
-            return _unknown("user", user, "no such user",
-                            " (a uid without a passwd entry needs group= too)")
-        return Ids(user, gid, (gid,))
+    if isinstance(user, str):
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            if not _digits(user):
+                return _unknown("user", user, "no such user")
+            user = int(user)
+    if isinstance(user, int):
+        try:
+            entry = pwd.getpwuid(user)
+        except KeyError:
+            gid = user if gid is None else gid
+            return Ids(user, gid, (gid,))
     if gid is None:
         gid = entry.pw_gid
     groups = _group_list(entry.pw_name, gid)

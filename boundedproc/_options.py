@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol, Union
 
 from boundedproc import _native
 from boundedproc._cancel import Cancel
+from boundedproc._ids import ID_NONE
 
 __all__ = [
     "CAPTURE",
@@ -29,8 +30,6 @@ __all__ = [
     "Stream",
 ]
 
-# (uid_t)-1 and (gid_t)-1: no id, "unchanged" to the kernel; the largest a run may name is one less.
-_ID_NONE = 2**32 - 1
 
 
 def check_ident(name: str, ident: object) -> None:
@@ -44,8 +43,8 @@ def check_ident(name: str, ident: object) -> None:
     """
     if isinstance(ident, bool) or not isinstance(ident, (int, str)):
         raise TypeError(f"{name} must be a name, an id or None, not {type(ident).__name__}")
-    if isinstance(ident, int) and not 0 <= ident < _ID_NONE:
-        raise ValueError(f"{name} must be an id from 0 to {_ID_NONE - 1}, not {ident}")
+    if isinstance(ident, int) and not 0 <= ident < ID_NONE:
+        raise ValueError(f"{name} must be an id from 0 to {ID_NONE - 1}, not {ident}")
     if isinstance(ident, str) and (not ident or "\0" in ident):
         raise ValueError(f"{name} must be a non-empty name without NUL, not {ident!r}")
 

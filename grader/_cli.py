@@ -28,9 +28,10 @@ Decisions taken where SPEC section 4 is silent:
   ``X = 1``), or a file that is not UTF-8 or cannot be read, exits 2 with ``FILE:N: ...`` before
   anything is graded. A later line for the same name wins.
 - ``--user USER`` (a name, or digits for a uid) runs every parse and check as that user, with
-  its groups (``boundedproc.run(user=)``; the grader must be root to use another user). The
-  user must exist where the checks run; one that does not grades every claim ``unrunnable``
-  (``runner-failure``), as any runner failure does.
+  its groups (``boundedproc.run(user=)``; the grader must be root to use another user). A
+  name must exist where the checks run (a uid need not: it then runs with the gid of the same
+  number); one that does not grades every claim ``unrunnable`` (``runner-failure``), as any
+  runner failure does.
 - ``--tmpdir`` runs every parse and check in a fresh private directory (its working directory
   and ``TMPDIR``, owned by ``--user``), removed after it, whatever the check left there
   (``boundedproc.run(tmpdir=True)``). The checks then have no ``--cwd``, so giving both is a

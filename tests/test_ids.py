@@ -97,13 +97,25 @@ def test_unknown_group_name_is_a_spawn_failure_text() -> None:
     assert found.runner_error == f"spawn failed: ENOENT (no such group): group {name!r}"
 
 
-def test_uid_without_an_entry_needs_a_group() -> None:
-    """A uid with no passwd entry has no primary group: refused alone, taken with group=."""
+def test_uid_without_an_entry_takes_the_gid_of_its_number() -> None:
+    """A uid with no passwd entry has no primary group: alone it takes the gid of the same
+    number and no other group (never the caller's); group= replaces that gid."""
     uid = unused_uid()
-    alone = resolve(uid, None)
-    assert isinstance(alone, Unresolved)
-    assert alone.runner_error.startswith(f"spawn failed: ENOENT (no such user): user {uid}")
+    assert resolve(uid, None) == Ids(uid, uid, (uid,))
     assert resolve(uid, 54321) == Ids(uid, 54321, (54321,))
+
+
+def test_digit_strings_are_names_first_then_ids() -> None:
+    """user="65534" (from a command line, a config file) names the id when no user has that
+    name, as chown reads it; the same for group=; an id past uid_t's range names nothing."""
+    uid = unused_uid()
+    assert resolve(str(uid), None) == resolve(uid, None) == Ids(uid, uid, (uid,))
+    me = pwd.getpwuid(os.getuid())
+    assert resolve(str(me.pw_uid), None) == resolve(me.pw_name, None)
+    assert resolve(None, "54321") == Ids(None, 54321, (54321,))
+    too_big = str(2**32 - 1)
+    found = resolve(too_big, None)
+    assert isinstance(found, Unresolved) and "no such user" in found.runner_error
 
 
 def test_run_with_an_unknown_user_returns_a_result() -> None:
@@ -143,6 +155,18 @@ def test_user_by_uid_runs_as_that_uid(contain: bool) -> None:
     r = run(["id", "-u"], user=NOBODY.pw_uid, contain=contain, timeout=10)
     assert r.ok, r
     assert r.stdout.strip() == str(NOBODY.pw_uid).encode()
+
+
+@needs_root
+@CONTAIN
+def test_unnamed_uid_runs_with_the_gid_of_its_number(contain: bool) -> None:
+    """A uid the passwd file lacks, as an int or as digits, runs as that uid with the gid
+    of the same number and no other group: the caller's (root's) are gone."""
+    uid = unused_uid()
+    for user in (uid, str(uid)):
+        r = run(["sh", "-c", "id -u; id -g; id -G"], user=user, contain=contain, timeout=10)
+        assert r.ok, r
+        assert r.stdout.split() == [str(uid).encode()] * 3
 
 
 @needs_root
