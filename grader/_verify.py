@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["verify_gradeable_evidence"]
 
 _MIB = 1024 * 1024
+_PARSE_MAX_OUTPUT = 64 * 1024  # of bash -n's refusal kept for the note, at the least
 
 
 def _run_bash(
@@ -76,7 +77,6 @@ def _stopped_parse_grade(evidence: Evidence, parse: CheckExecution) -> Grade | N
         or parse.cancelled
         or not parse.spawned
         or parse.runner_error is not None
-        or parse.output_truncated
         or parse.escaped
         or parse.term_signal is not None
     )
@@ -136,7 +136,9 @@ def verify_gradeable_evidence(
         parse_timeout: Seconds the ``bash -n`` parse may run; ``None`` uses ``timeout``. The
             parse and the run each have their own budget.
         max_output: Bytes of combined stdout and stderr kept; a check that prints more is
-            graded ``unrunnable``/``output-truncated``.
+            graded ``unrunnable``/``output-truncated``. The ``bash -n`` parse keeps at least
+            64 KiB of its refusal for the note; a longer refusal still raises, its message
+            cut (it ran to completion: only its text is short).
         cancel: A ``boundedproc.Cancel`` that stops the parse or the run when it fires.
         user: Run the parse and the check as this user (a name or a uid; ``boundedproc.run``'s
             ``user=``). A user this machine does not have grades ``unrunnable``
@@ -171,14 +173,18 @@ def verify_gradeable_evidence(
         assert accepted.rung < CHECKABLE_RUNG_THRESHOLD
         return VerifiedEvidence(accepted, None, grade_for(accepted, None))
 
-    def run_bash(argv: list[str], budget: float | None,
+    def run_bash(argv: list[str], budget: float | None, cap: int | None,
                  on_output: Callable[[int, bytes], None] | None = None) -> CheckExecution:
         return _run_bash(
-            argv, cwd=cwd, env=env, timeout=budget, max_output=max_output, cancel=cancel,
+            argv, cwd=cwd, env=env, timeout=budget, max_output=cap, cancel=cancel,
             user=user, tmpdir=tmpdir, on_output=on_output,
         )
 
-    parse = run_bash([bash, "-n", "-c", check], timeout if parse_timeout is None else parse_timeout)
+    # The parse prints only bash's refusal, kept for the note whatever the check's own cap; a
+    # refusal longer than that is still a refusal (SPEC 3.3 step 4), its message cut.
+    parse_cap = None if max_output is None else max(max_output, _PARSE_MAX_OUTPUT)
+    parse = run_bash([bash, "-n", "-c", check],
+                     timeout if parse_timeout is None else parse_timeout, parse_cap)
     stopped = _stopped_parse_grade(accepted, parse)
     if stopped is not None:
         return VerifiedEvidence(accepted, parse, stopped)
@@ -189,5 +195,5 @@ def verify_gradeable_evidence(
             Reason.INVALID_SHELL_SYNTAX,
             note_for(Reason.INVALID_SHELL_SYNTAX, f"bash said: {said}" if said else None),
         )
-    execution = run_bash([bash, "-c", check], timeout, on_output)
+    execution = run_bash([bash, "-c", check], timeout, max_output, on_output)
     return VerifiedEvidence(accepted, execution, grade_for(accepted, execution))

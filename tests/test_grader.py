@@ -878,6 +878,19 @@ def test_verify_real_syntax_error_raises(tmp_path: Path) -> None:
     assert "syntax error" in info.value.note
 
 
+@pytest.mark.parametrize("cap", [0, 5])
+def test_verify_syntax_error_raises_even_when_its_message_is_cut(tmp_path: Path,
+                                                                 cap: int) -> None:
+    """SPEC 3.3 step 4: a parse that ran and exited non-zero raises; a bash message longer
+    than max_output is still bash's verdict on the grammar (the parse ran to completion),
+    not a stopped parse (step 3 lists deadline, cancel and runner failures only)."""
+    with pytest.raises(UncheckableClaimError) as info:
+        verify_gradeable_evidence(ev("grep -c PARETO results.txt | (", "6"), cwd=tmp_path,
+                                  max_output=cap)
+    assert info.value.reason is Reason.INVALID_SHELL_SYNTAX
+    assert "syntax error" in info.value.note  # the parse keeps bash's words for the note
+
+
 def test_verify_refuses_before_running_anything(tmp_path: Path) -> None:
     """Refused evidence raises before bash is looked for."""
     with pytest.raises(UncheckableClaimError) as info:
