@@ -1028,8 +1028,13 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
             switch.cancel()  # in-flight runs end now; queued ones spawn nothing
         for _ in workers:
             tasks.put(None)
-        for worker in workers:
-            worker.join()  # every run's group is killed and reaped by now
+        # A generator left open to the interpreter's exit is closed by its last collection,
+        # when daemon threads no longer run Python: 3.13 parks them for good, and a join
+        # would never return. Their runs were ended by the switch (the core kills and reaps
+        # without Python), and the supervisors of contained ones see this process go.
+        if not sys.is_finalizing():
+            for worker in workers:
+                worker.join()  # every run's group is killed and reaped by now
         if switch is not None:
             switch.close()
 

@@ -739,6 +739,41 @@ def test_run_async_at_exit_idle_threads_end_and_runs_in_flight_finish(tmp_path: 
     assert marker.read_text() == "ran\n", "the run in flight was abandoned at exit"
 
 
+_OPEN_AT_EXIT = """
+import sys
+from boundedproc import Job, run_many
+token = sys.argv[1]
+# A Job with on_output takes the Python workers; the sleepers are in flight at exit.
+g = run_many((Job(["echo", "x"], on_output=lambda s, c: None) if i == 0
+              else ["sleep", f"{token}{i}"] for i in range(12)), jobs=4, timeout=30)
+print(next(g).stdout.decode(), end="", flush=True)
+"""
+
+
+def test_run_many_left_open_at_exit_does_not_hang_it() -> None:
+    """A run_many generator still open when the script ends is closed by the interpreter's
+    last collection, when daemon threads run no more Python (3.13 parks them for good): the
+    exit must not wait on them, and the runs in flight must still die (contained)."""
+    token = f"93.{os.getpid() % 1000:03d}7"
+    started = time.monotonic()
+    try:
+        done: subprocess.CompletedProcess[str] | None = subprocess.run(
+            [PY, "-c", _OPEN_AT_EXIT, token], capture_output=True, text=True, timeout=20,
+            check=False)
+    except subprocess.TimeoutExpired:
+        done = None
+    took = time.monotonic() - started
+    mine = [p.pid for p in psutil.process_iter(["cmdline"])
+            if token in " ".join(p.info["cmdline"] or [])]
+    left = wait_dead(mine, within=2)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # ours: they carry this test's token
+    assert done is not None, f"the script did not exit in 20 s (took {took:.1f} s)"
+    assert done.returncode == 0 and done.stdout == "x\n", done.stderr
+    assert left == [], "runs in flight outlived the exit"
+
+
 def test_run_async_accepts_a_one_shot_iterable_command() -> None:
     """An argument vector given as a generator is read once and run as given."""
     r = asyncio.run(run_async((a for a in ["echo", "gen"]), timeout=30))  # type: ignore[call-overload]
