@@ -321,11 +321,14 @@ def run(
         kill_grace: Seconds between SIGTERM and SIGKILL; ends early once the
             group is empty.
         drain_grace: Seconds to keep reading the pipes after the leader is
-            reaped; if something outside the group still holds them then
-            (a few ms are allowed for the killed group to go), reading stops
-            and ``escaped`` is set.  If nothing holds them, what they still
-            buffer is read to the end, past ``drain_grace`` if need be (a
-            slow ``on_output``): no byte is lost for want of time.
+            reaped; if something outside the group still holds them then,
+            reading stops and ``escaped`` is set.  Processes the run's end
+            killed (on their way out, or gone while the kernel releases
+            their files) are waited for, for at most 0.5 s more: they are
+            no escapees (README, "boundedproc.run").  If nothing holds
+            them, what they still buffer is read to the end, past
+            ``drain_grace`` if need be (a slow ``on_output``): no byte is
+            lost for want of time.
         limits: Resource limits for the child (``setrlimit`` before exec).
         contain: Kill, at the end, also the descendants that left the group
             (``setsid``, double fork, daemonising), and every process of the

@@ -104,6 +104,10 @@ struct bp_run {
     int64_t drain_end_ns;
     int64_t drain_settle_ns; /* past drain_end, while a writer may be a killed process on its
                                way out: when to call it an escapee (0: not yet looked) */
+    int64_t drain_next_look_ns; /* past the settle: when to look at the pipes' holders */
+    int64_t drain_cap_ns;       /* the longest the drain waits for holders the run killed */
+    int64_t drain_unheld_ns;    /* none held the pipes: their EOF is awaited until then */
+    int64_t drain_step_ns;      /* the step between two looks at a killed holder */
     int drain_to_eof;       /* every writer is gone: read what is buffered to EOF */
     int64_t next_group_check_ns;
     int64_t group_check_step_ns;
@@ -145,6 +149,11 @@ int bp__sup_usable(const struct bp_sup *sup, int what);
 /* Past drain_grace, how long a writer of the pipes may take to go (a process of
  * the group just killed, on its way out) before it counts as an escapee. */
 #define BP_DRAIN_SETTLE_NS 5000000LL
+/* ... and how long, at most, for pipes no process holds any more (the kernel
+ * releasing the files of processes just killed): see drain_deadline, loop.c. */
+#define BP_DRAIN_RELEASE_NS 500000000LL
+/* ... when some processes' fd tables could not be read (not root). */
+#define BP_DRAIN_PARTIAL_NS 50000000LL
 void bp__sup_revive(struct bp_sup *sup);
 void bp__sup_signal(struct bp_run *run, int sig);
 void bp__sup_event(struct bp_run *run);

@@ -11,10 +11,13 @@
 #include "bp_internal.h"
 #include "bp_supervisor.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -91,6 +94,118 @@ static int writers_gone(const struct bp_run *run)
     return 1;
 }
 
+#ifdef __linux__
+/* A process other than this one that has fd's pipe open (readlink of its fds names the
+ * pipe's inode): its pid, or 0 when none is seen (-1: this cannot be looked at).  fd
+ * directories this process may not read (another user's processes, a setuid program's) are
+ * passed over, and *partial is then set. */
+static long pipe_holder(int fd, int *partial)
+{
+    struct stat st;
+    char want[48], link[48], path[40];
+    if (fstat(fd, &st) < 0)
+        return -1;
+    int wl = snprintf(want, sizeof want, "pipe:[%llu]", (unsigned long long)st.st_ino);
+    DIR *procs = opendir("/proc");
+    if (procs == NULL)
+        return -1;
+    long self = (long)getpid();
+    long holder = 0;
+    struct dirent *p;
+    while (holder == 0 && (p = readdir(procs)) != NULL) {
+        char *end;
+        long pid = strtol(p->d_name, &end, 10);
+        if (*end != '\0' || pid <= 0 || pid == self)
+            continue;
+        (void)snprintf(path, sizeof path, "/proc/%ld/fd", pid);
+        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0) {
+            if (errno == EACCES || errno == EPERM)
+                *partial = 1;
+            continue;
+        }
+        DIR *fds = fdopendir(dfd);
+        if (fds == NULL) {
+            close(dfd);
+            continue;
+        }
+        struct dirent *f;
+        while ((f = readdir(fds)) != NULL) {
+            ssize_t n = readlinkat(dfd, f->d_name, link, sizeof link);
+            if (n == wl && memcmp(link, want, (size_t)wl) == 0) {
+                holder = pid;
+                break;
+            }
+        }
+        closedir(fds);
+    }
+    closedir(procs);
+    return holder;
+}
+
+/* Whether pid is one the run's end killed, on its way out: a member of the run's own
+ * process group (SIGKILLed with it), or, contained, its supervisor or a child of it (an
+ * orphan it adopted and kills).  Read from /proc/PID/stat; 0 when it cannot be read. */
+static int killed_with_run(const struct bp_run *run, long pid)
+{
+    char path[40], buf[512];
+    (void)snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n;
+    do {
+        n = read(fd, buf, sizeof buf - 1);
+    } while (n < 0 && errno == EINTR);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *rp = strrchr(buf, ')');  /* comm may hold spaces and parentheses */
+    char state = 0;
+    int ppid = 0, pgrp = 0;
+    if (rp == NULL || sscanf(rp + 1, " %c %d %d", &state, &ppid, &pgrp) != 3)
+        return 0;
+    if (run->spec->new_session && run->pid > 0 && pgrp == (int)run->pid)
+        return 1;
+    /* the supervisor closing its copies of the pipes, or an orphan it kills */
+    return run->sup != NULL && (pid == bp_sup_pid(run->sup) || ppid == bp_sup_pid(run->sup));
+}
+#endif
+
+/*
+ * Past drain_grace and the settle, with a pipe still held: whether to wait on (the time
+ * of the next look) or to call the holder an escapee (0).  See drain_deadline.
+ */
+static int64_t release_wait(struct bp_run *run, int64_t now)
+{
+#ifdef __linux__
+    if (run->drain_cap_ns == 0)
+        run->drain_cap_ns = now + BP_DRAIN_RELEASE_NS;
+    if (run->drain_unheld_ns != 0)  /* none was seen: the pipes' EOF ends the wait */
+        return now < run->drain_unheld_ns ? run->drain_unheld_ns : 0;
+    int partial = 0;
+    long holder = run->out.fd >= 0 ? pipe_holder(run->out.fd, &partial) : 0;
+    if (holder == 0 && run->err.fd >= 0)
+        holder = pipe_holder(run->err.fd, &partial);
+    if (holder == 0) {
+        int64_t until = now + (partial ? BP_DRAIN_PARTIAL_NS : BP_DRAIN_RELEASE_NS);
+        run->drain_unheld_ns = until < run->drain_cap_ns ? until : run->drain_cap_ns;
+        return run->drain_unheld_ns;
+    }
+    if (holder > 0 && now < run->drain_cap_ns && killed_with_run(run, holder)) {
+        run->drain_step_ns = run->drain_step_ns ? run->drain_step_ns * 2 : BP_DRAIN_SETTLE_NS;
+        int64_t next = now + run->drain_step_ns;
+        return next < run->drain_cap_ns ? next : run->drain_cap_ns;
+    }
+    return 0;
+#else
+    (void)run;
+    (void)now;
+    return 0;
+#endif
+}
+
 /*
  * The drain's next deadline (-1: none), or 0 when it ends with an escapee
  * (SPEC 2.3: a process outside the group still held the pipes at
@@ -99,6 +214,14 @@ static int writers_gone(const struct bp_run *run)
  * on_output, a drain_grace of 0) are then read to EOF, never lost and never
  * taken for an escapee.  A writer may be one of the group just killed, on its
  * way out (or the supervisor about to close its copies): it gets a few ms.
+ * Then the fd tables are looked at (release_wait).  A process killed with the
+ * run can be a zombie already while the kernel has not yet released its files
+ * (it defers that by a clock tick, and by tens of ms on a loaded machine): a
+ * pipe no process holds is waited on until its EOF, for at most
+ * BP_DRAIN_RELEASE_NS (only BP_DRAIN_PARTIAL_NS where some fd tables could not
+ * be read).  A holder that the run's end killed (a member of its group, or an
+ * orphan of its supervisor) is looked at again, at growing steps, within the
+ * same cap.  Any other holder is an escapee, at once.
  */
 static int64_t drain_deadline(struct bp_run *run, int64_t now)
 {
@@ -112,7 +235,12 @@ static int64_t drain_deadline(struct bp_run *run, int64_t now)
     }
     if (run->drain_settle_ns == 0)
         run->drain_settle_ns = now + BP_DRAIN_SETTLE_NS;
-    return now < run->drain_settle_ns ? run->drain_settle_ns : 0;
+    if (now < run->drain_settle_ns)
+        return run->drain_settle_ns;
+    if (now < run->drain_next_look_ns)
+        return run->drain_next_look_ns;
+    run->drain_next_look_ns = release_wait(run, now);
+    return run->drain_next_look_ns;
 }
 
 /* SIGKILL the group, reap the leader, start draining. */
