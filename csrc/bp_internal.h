@@ -154,6 +154,9 @@ int bp__sup_usable(const struct bp_sup *sup, int what);
 #define BP_DRAIN_RELEASE_NS 500000000LL
 /* ... when some processes' fd tables could not be read (not root). */
 #define BP_DRAIN_PARTIAL_NS 50000000LL
+#ifdef __linux__
+int bp__proc_stat(const char *name, char *state, int *ppid, int *pgrp);
+#endif
 void bp__sup_revive(struct bp_sup *sup);
 void bp__sup_signal(struct bp_run *run, int sig);
 void bp__sup_event(struct bp_run *run);

@@ -215,35 +215,42 @@ void bp__finish_result(struct bp_run *run)
 }
 
 #ifdef __linux__
-/* Read /proc/PID/stat and return 1 when it is a live member of pgid. */
-static int live_member(const char *name, int pgid)
+/* bp__proc_stat: from /proc/NAME/stat (NAME a pid's digits), the state letter, the
+ * parent's pid and the process group.  0, or -1 when it cannot be read. */
+int bp__proc_stat(const char *name, char *state, int *ppid, int *pgrp)
 {
     char path[64];
     char buf[512];
     size_t nl = strlen(name);
     if (nl > 20)
-        return 0;
+        return -1;
     memcpy(path, "/proc/", 6);
     memcpy(path + 6, name, nl);
     memcpy(path + 6 + nl, "/stat", 6);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return 0;
+        return -1;
     ssize_t n;
     do {
         n = read(fd, buf, sizeof buf - 1);
     } while (n < 0 && errno == EINTR);
     close(fd);
     if (n <= 0)
-        return 0;
+        return -1;
     buf[n] = '\0';
     /* comm may hold spaces and parentheses: the fields resume after the last ')'. */
     char *rp = strrchr(buf, ')');
-    if (rp == NULL)
-        return 0;
+    if (rp == NULL || sscanf(rp + 1, " %c %d %d", state, ppid, pgrp) != 3)
+        return -1;
+    return 0;
+}
+
+/* Whether /proc/NAME is a live (not zombie) member of pgid. */
+static int live_member(const char *name, int pgid)
+{
     char state = 0;
     int ppid = 0, pgrp = 0;
-    if (sscanf(rp + 1, " %c %d %d", &state, &ppid, &pgrp) != 3)
+    if (bp__proc_stat(name, &state, &ppid, &pgrp) < 0)
         return 0;
     return pgrp == pgid && state != 'Z' && state != 'X' && state != 'x';
 }

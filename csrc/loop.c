@@ -148,23 +148,10 @@ static long pipe_holder(int fd, int *partial)
  * orphan it adopted and kills).  Read from /proc/PID/stat; 0 when it cannot be read. */
 static int killed_with_run(const struct bp_run *run, long pid)
 {
-    char path[40], buf[512];
-    (void)snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n;
-    do {
-        n = read(fd, buf, sizeof buf - 1);
-    } while (n < 0 && errno == EINTR);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    char *rp = strrchr(buf, ')');  /* comm may hold spaces and parentheses */
-    char state = 0;
+    char name[24], state = 0;
     int ppid = 0, pgrp = 0;
-    if (rp == NULL || sscanf(rp + 1, " %c %d %d", &state, &ppid, &pgrp) != 3)
+    (void)snprintf(name, sizeof name, "%ld", pid);
+    if (bp__proc_stat(name, &state, &ppid, &pgrp) < 0)
         return 0;
     if (run->spec->new_session && run->pid > 0 && pgrp == (int)run->pid)
         return 1;
