@@ -103,11 +103,12 @@ struct bp_run {
     int64_t grace_end_ns;
     int64_t drain_end_ns;
     int64_t drain_settle_ns; /* past drain_end, while a writer may be a killed process on its
-                               way out: when to call it an escapee (0: not yet looked) */
-    int64_t drain_next_look_ns; /* past the settle: when to look at the pipes' holders */
-    int64_t drain_cap_ns;       /* the longest the drain waits for holders the run killed */
-    int64_t drain_unheld_ns;    /* none held the pipes: their EOF is awaited until then */
+                               way out: when to look (next) at who holds the pipes (0: not
+                               yet set) */
+    int64_t drain_cap_ns;       /* the longest the drain waits for holders the run killed,
+                                   or for pipes that nobody holds */
     int64_t drain_step_ns;      /* the step between two looks at a killed holder */
+    int drain_unheld;           /* none held the pipes: their EOF is awaited, by the cap */
     int drain_to_eof;       /* every writer is gone: read what is buffered to EOF */
     int64_t next_group_check_ns;
     int64_t group_check_step_ns;

@@ -95,17 +95,23 @@ static int writers_gone(const struct bp_run *run)
 }
 
 #ifdef __linux__
-/* A process other than this one that has fd's pipe open (readlink of its fds names the
- * pipe's inode): its pid, or 0 when none is seen (-1: this cannot be looked at).  fd
- * directories this process may not read (another user's processes, a setuid program's) are
- * passed over, and *partial is then set. */
-static long pipe_holder(int fd, int *partial)
+/* A process other than this one that has an output pipe of the run open (readlink of its
+ * fds names the pipe's inode): its pid, or 0 when none is seen (-1: this cannot be looked
+ * at).  One pass over /proc for both pipes.  fd directories this process may not read
+ * (another user's processes, a setuid program's) are passed over, and *partial is then set. */
+static long pipe_holder(const struct bp_run *run, int *partial)
 {
-    struct stat st;
-    char want[48], link[48], path[40];
-    if (fstat(fd, &st) < 0)
-        return -1;
-    int wl = snprintf(want, sizeof want, "pipe:[%llu]", (unsigned long long)st.st_ino);
+    char want[2][48], link[48], path[40];
+    int wl[2] = {-1, -1};
+    const int fds_of_run[2] = {run->out.fd, run->err.fd};
+    for (int i = 0; i < 2; i++) {
+        struct stat st;
+        if (fds_of_run[i] < 0)
+            continue;
+        if (fstat(fds_of_run[i], &st) < 0)
+            return -1;
+        wl[i] = snprintf(want[i], sizeof want[i], "pipe:[%llu]", (unsigned long long)st.st_ino);
+    }
     DIR *procs = opendir("/proc");
     if (procs == NULL)
         return -1;
@@ -130,12 +136,11 @@ static long pipe_holder(int fd, int *partial)
             continue;
         }
         struct dirent *f;
-        while ((f = readdir(fds)) != NULL) {
+        while (holder == 0 && (f = readdir(fds)) != NULL) {
             ssize_t n = readlinkat(dfd, f->d_name, link, sizeof link);
-            if (n == wl && memcmp(link, want, (size_t)wl) == 0) {
-                holder = pid;
-                break;
-            }
+            for (int i = 0; i < 2 && n > 0; i++)  /* wl[i] is -1 for a pipe already closed */
+                if (n == wl[i] && memcmp(link, want[i], (size_t)n) == 0)
+                    holder = pid;
         }
         closedir(fds);
     }
@@ -169,16 +174,16 @@ static int64_t release_wait(struct bp_run *run, int64_t now)
 #ifdef __linux__
     if (run->drain_cap_ns == 0)
         run->drain_cap_ns = now + BP_DRAIN_RELEASE_NS;
-    if (run->drain_unheld_ns != 0)  /* none was seen: the pipes' EOF ends the wait */
-        return now < run->drain_unheld_ns ? run->drain_unheld_ns : 0;
+    if (run->drain_unheld)  /* none was seen: the pipes' EOF ends the wait, by the cap */
+        return now < run->drain_cap_ns ? run->drain_cap_ns : 0;
     int partial = 0;
-    long holder = run->out.fd >= 0 ? pipe_holder(run->out.fd, &partial) : 0;
-    if (holder == 0 && run->err.fd >= 0)
-        holder = pipe_holder(run->err.fd, &partial);
+    long holder = pipe_holder(run, &partial);
     if (holder == 0) {
         int64_t until = now + (partial ? BP_DRAIN_PARTIAL_NS : BP_DRAIN_RELEASE_NS);
-        run->drain_unheld_ns = until < run->drain_cap_ns ? until : run->drain_cap_ns;
-        return run->drain_unheld_ns;
+        if (until < run->drain_cap_ns)
+            run->drain_cap_ns = until;
+        run->drain_unheld = 1;
+        return run->drain_cap_ns;
     }
     if (holder > 0 && now < run->drain_cap_ns && killed_with_run(run, holder)) {
         run->drain_step_ns = run->drain_step_ns ? run->drain_step_ns * 2 : BP_DRAIN_SETTLE_NS;
@@ -224,10 +229,8 @@ static int64_t drain_deadline(struct bp_run *run, int64_t now)
         run->drain_settle_ns = now + BP_DRAIN_SETTLE_NS;
     if (now < run->drain_settle_ns)
         return run->drain_settle_ns;
-    if (now < run->drain_next_look_ns)
-        return run->drain_next_look_ns;
-    run->drain_next_look_ns = release_wait(run, now);
-    return run->drain_next_look_ns;
+    run->drain_settle_ns = release_wait(run, now);  /* 0 ends the drain: never read again */
+    return run->drain_settle_ns;
 }
 
 /* SIGKILL the group, reap the leader, start draining. */
