@@ -24,8 +24,8 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SOURCES = ["spawn.c", "loop.c", "output.c", "kill.c", "sup.c", "batch.c"]
-SUPERVISOR_SOURCES = ["supervisor.c"]
+SOURCES = ["spawn.c", "loop.c", "output.c", "kill.c", "proc.c", "sup.c", "batch.c"]
+SUPERVISOR_SOURCES = ["supervisor.c", "proc.c"]
 SUPERVISOR = "_bp_supervisor"
 
 

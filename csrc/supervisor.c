@@ -381,6 +381,102 @@ static long signal_round(struct sup *s, int leader_reaped, int sig, long *alive)
 
 static int drain_signals(struct sup *s, int *chld);
 
+/* SIGKILL pid, a child of parent (or, reparented meanwhile, of ours): the
+ * pidfd pins the process whose parent was checked, so a pid reused in between
+ * is never signalled.  Returns 0 (signalled, or gone), or -1 with errno EPERM
+ * when it may not be signalled. */
+static int kill_child_of(struct sup *s, pid_t parent, pid_t pid)
+{
+    int pfd = -1;
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_send_signal)
+    pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pfd < 0 && errno == ESRCH)
+        return 0;
+#endif
+    char name[24], state = 0;
+    int ppid = 0, pgrp = 0, rc = 0;
+    snprintf(name, sizeof name, "%d", (int)pid);
+    if (bp__proc_stat(name, &state, &ppid, &pgrp) == 0 && (ppid == parent || ppid == s->self)) {
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_send_signal)
+        if (pfd >= 0)
+            rc = (int)syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0);
+        else
+#endif
+            rc = kill(pid, SIGKILL);
+    }
+    int err = errno;
+    if (pfd >= 0)
+        (void)close(pfd);
+    if (rc < 0 && err == EPERM) {
+        errno = EPERM;
+        return -1;
+    }
+    return 0;
+}
+
+/* Append the children of pid (of each of its threads) to out[*n...]. */
+static void list_children_of(pid_t pid, pid_t *out, long *n, long cap)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && *n < cap) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        char file[96], buf[4096];
+        snprintf(file, sizeof file, "/proc/%d/task/%.20s/children", (int)pid, e->d_name);
+        int fd = open(file, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        ssize_t got;
+        do {
+            got = read(fd, buf, sizeof buf);
+        } while (got < 0 && errno == EINTR);
+        (void)close(fd);
+        if (got > 0)
+            *n = parse_pids(buf, (size_t)got, 0, out, *n);
+    }
+    closedir(d);
+}
+
+/*
+ * The final kill's budget is spent and children are left unreaped.  Each got
+ * SIGKILL in the last round, so each is on its way out, but one that has not
+ * died yet has not handed us its children either, and they may be in no group
+ * we signalled (setsid).  Kill the rest of the tree from the top down: a
+ * process is signalled before its children are listed, and one with SIGKILL
+ * pending forks no more, so each list is final.  Returns how many processes
+ * may not be signalled (EPERM: one that changed its ids), which are what the
+ * run could not kill; -1 when /proc is not ours, or the tree is too large to
+ * walk (then nothing here can say all were killed).
+ */
+static long kill_dying_tree(struct sup *s)
+{
+    if (!s->proc_ok)
+        return -1;
+    pid_t queue[MAX_KIDS];
+    long n = list_children(s, 0, queue), refused = 0;
+    for (long i = 0; i < n; i++) {
+        pid_t pid = queue[i];
+        if (kill(pid, SIGKILL) < 0 && errno == EPERM)  /* ours, unreaped: its pid is stable */
+            refused++;
+    }
+    for (long i = 0; i < n; i++) {
+        long first = n;
+        list_children_of(queue[i], queue, &n, MAX_KIDS);
+        if (n == MAX_KIDS)
+            return -1;
+        for (long j = first; j < n; j++)
+            if (kill_child_of(s, queue[i], queue[j]) < 0)
+                refused++;
+    }
+    return refused;
+}
+
+
 /* Wait up to ms for a child to die (SIGCHLD on the signalfd), without losing a
  * parent death read meanwhile (drain_signals keeps it).  Killed processes die
  * within microseconds; sleeping the whole ms instead cost a run that left an
@@ -434,10 +530,14 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
         if (left > 0)
             await_child(s, round < 10 ? 1 : 10);
     }
-    if (found > 0 && left == 0)
-        left = 1;  /* out of budget with children just handed over: not all seen dead */
+    if (found > 0) {
+        /* Out of budget with children not yet seen dead: what could not be
+         * killed (never reuse us: something of this run is still dying). */
+        long refused = kill_dying_tree(s);
+        left = refused >= 0 ? refused : left > 0 ? left : 1;
+    }
     m.unkilled = (int32_t)left;
-    m.reusable = left == 0;
+    m.reusable = found == 0;
     m.utime_us = s->utime_us;
     m.stime_us = s->stime_us;
     m.maxrss_kb = s->maxrss_kb;
@@ -446,8 +546,8 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
     if (report)
         send_msg(s, &m);
     release_held(s);
-    if (left > 0)
-        _exit(0);  /* something of this run lives on: never reuse us */
+    if (found > 0)
+        _exit(0);  /* something of this run lives on, or is still dying: never reuse us */
 }
 
 /* ---- one run ----------------------------------------------------------------- */

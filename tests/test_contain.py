@@ -237,3 +237,40 @@ def test_fork_bomb_under_limits_leaves_nothing(reaper: list[int]) -> None:
     reaper.extend(left)
     if _native.CONTAIN_SUPPORTED:
         assert left == []
+
+
+# Each run forks 40 sleepers (half of them in sessions of their own) and is killed at a
+# deadline while it forks; drain_grace=0.1 leaves the supervisor's final kill only its
+# floor (20 ms).  On a loaded machine that is too short to see every sleeper dead, but
+# each was SIGKILLed (and its not yet handed-over children with it): none survives, so
+# no run may say escaped.
+_FORKING = "for i in $(seq 20); do sleep 54 & setsid sleep 54 & done; wait"
+
+
+@pytest.mark.skipif(not _native.CONTAIN_SUPPORTED, reason="containment is Linux-only")
+def test_a_short_final_kill_under_load_is_not_an_escape(reaper: list[int]) -> None:
+    mark = f"dying-{os.getpid()}-{time.monotonic_ns()}"
+    results = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(4):
+            r = run(["bash", "-c", _FORKING], timeout=0.1, drain_grace=0.1,
+                    env={"BP_TEST_MARK": mark})
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    deadline = time.monotonic() + 10
+    left = _marked(mark)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _marked(mark)
+    reaper.extend(left)
+    assert left == []
+    escaped = [r for r in results if r.escaped]
+    assert escaped == [], f"{len(escaped)} of {len(results)} said escaped: {escaped[0]}"
