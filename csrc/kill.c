@@ -201,9 +201,13 @@ void bp__finish_result(struct bp_run *run)
         res->exit_code = BP_CANCEL_EXIT_CODE;
         break;
     case BP_END_OVERFLOW:
-        res->exit_code = BP_OVERFLOW_EXIT_CODE;
-        if (res->term_signal == 0)
+        /* Killed for the cap: 137 and SIGKILL.  A leader that died of another
+         * signal got there first (its own, racing the kill): that death is
+         * reported as any the runner did not cause, 128 + N (bp__record_status). */
+        if (res->term_signal == 0 || res->term_signal == SIGKILL) {
+            res->exit_code = BP_OVERFLOW_EXIT_CODE;
             res->term_signal = SIGKILL;
+        }
         break;
     case BP_END_ABORT:
         if (res->exit_code == 0)
