@@ -119,7 +119,9 @@ struct bp_spec {
     int report_chunks;            /* 1: bp_wait returns BP_CHUNK after each read with bytes */
     int merge_stderr;             /* child's stderr is its stdout pipe */
     int cancel_fd;                /* readable means cancelled; -1: none */
-    int cancel_fd2;               /* a second one (e.g. the awaiting task's); -1: none */
+    int cancel_fd2;               /* a second one, boundedproc's own (an awaiting task's, an
+                                     early-closed run_many's), whose caller wants no result:
+                                     it also ends a drain at once; -1: none */
     int wake_fd;                  /* readable means return BP_AGAIN; -1: none */
     int64_t kill_grace_ns;        /* first_signal, then SIGKILL after this; 0: SIGKILL at once;
                                      < 0: never SIGKILL before the leader exits */

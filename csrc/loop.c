@@ -597,10 +597,10 @@ int bp_wait(struct bp_run *run)
             ADD(S_IN, run->stdin_fd, POLLOUT);
         if (!run->leader_exited && !run->reaped)
             ADD(S_EXIT, run->exit_fd, POLLIN);
-        if (run->phase == BP_PHASE_RUNNING) {
+        if (run->phase == BP_PHASE_RUNNING)
             ADD(S_CANCEL, spec->cancel_fd, POLLIN);
+        if (run->phase == BP_PHASE_RUNNING || run->phase == BP_PHASE_DRAIN)
             ADD(S_CANCEL2, spec->cancel_fd2, POLLIN);
-        }
         ADD(S_WAKE, spec->wake_fd, POLLIN);
 #undef ADD
 
@@ -642,6 +642,13 @@ int bp_wait(struct bp_run *run)
         if (cancel_ready && run->phase == BP_PHASE_RUNNING && !run->leader_exited) {
             end_run(run, BP_END_CANCEL);
             continue;
+        }
+        if (cancel_ready && run->phase == BP_PHASE_DRAIN) {
+            /* The second switch's caller (an awaiting task cancelled, a run_many
+             * closed early) takes no result: an escapee holding the pipes is not
+             * waited for until drain_grace, as run()'s own Ctrl-C does not. */
+            finish(run);
+            return BP_DONE;
         }
         if (idx[S_WAKE] >= 0 && fds[idx[S_WAKE]].revents != 0)
             return BP_AGAIN;

@@ -356,6 +356,61 @@ def test_run_many_early_break_leaves_no_process(tmp_path: Path, reaper: list[int
     assert len(leaders) <= 3 + 1  # at most the window's in-flight runs ever started
 
 
+# The escapee holds the pipes after the leader's exit: the run drains them for drain_grace.
+_HELD = ("setsid sh -c 'echo $$ > {f}.tmp; mv {f}.tmp {f}; exec sleep 977.5' & "
+         "while [ ! -s {f} ]; do sleep 0.01; done; exit 0")
+
+
+@pytest.mark.parametrize("worker", ["core", "python"])
+def test_run_many_early_close_does_not_wait_out_a_drain(tmp_path: Path, reaper: list[int],
+                                                        worker: str) -> None:
+    """Closing run_many early ends the drain of a run in flight at once.
+
+    Uncontained, an escapee holding the pipes keeps a run draining for drain_grace; the
+    results of an early close are never seen, so waiting for them only delays the
+    caller's Ctrl-C or break (it took the whole drain_grace: 30 s here).  run() itself
+    aborts the same way.  worker="python": a Job with on_output runs in a Python worker.
+    """
+    pidfile = tmp_path / "escapee"
+    cmds: list[Any] = ["true", _HELD.format(f=pidfile)]
+    if worker == "python":
+        cmds = [Job(cmd, on_output=lambda stream, data: None) for cmd in cmds]
+    it = run_many(cmds, jobs=2, shell=True, contain=False, drain_grace=30, timeout=60)
+    try:
+        assert next(it).ok
+        assert wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10)
+        reaper.extend(read_pids(tmp_path, "escapee"))
+        time.sleep(0.3)  # the leader has exited: its run is draining
+        t = time.monotonic()
+        it.close()
+        took = time.monotonic() - t
+    finally:
+        reaper.extend(read_pids(tmp_path, "escapee"))
+    assert took < 5, took
+
+
+def test_run_async_cancel_does_not_wait_out_a_drain(tmp_path: Path, reaper: list[int]) -> None:
+    """Cancelling run_async's task ends the drain of its run at once (as run_many's close)."""
+    pidfile = tmp_path / "escapee"
+
+    async def main() -> float:
+        task = asyncio.ensure_future(run_async(_HELD.format(f=pidfile), shell=True,
+                                               contain=False, drain_grace=30, timeout=60))
+        await wait_for_file(pidfile)
+        await asyncio.sleep(0.3)
+        t = time.monotonic()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return time.monotonic() - t
+
+    try:
+        took = asyncio.run(main())
+    finally:
+        reaper.extend(read_pids(tmp_path, "escapee"))
+    assert took < 5, took
+
+
 def test_run_many_caller_cancel_reaches_every_run() -> None:
     """A cancel= switch given to run_many cancels the runs in flight and those after."""
     switch = Cancel()
