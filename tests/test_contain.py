@@ -219,6 +219,16 @@ def _marked(mark: str) -> list[int]:
     return found
 
 
+def _marked_left(mark: str, within: float = 10.0) -> list[int]:
+    """The processes marked `mark` still alive once none is, or `within` seconds passed."""
+    deadline = time.monotonic() + within
+    left = _marked(mark)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _marked(mark)
+    return left
+
+
 def test_fork_bomb_under_limits_leaves_nothing(reaper: list[int]) -> None:
     """A (bounded) fork bomb under max_processes and a deadline ends with nothing left.
 
@@ -229,11 +239,7 @@ def test_fork_bomb_under_limits_leaves_nothing(reaper: list[int]) -> None:
     r = run(["bash", "-c", FORK_BOMB], limits=Limits(max_processes=200), timeout=3,
             env={"BP_TEST_MARK": mark})
     assert r.timed_out or r.exit_code != 0
-    deadline = time.monotonic() + 10
-    left = _marked(mark)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = _marked(mark)
+    left = _marked_left(mark)
     reaper.extend(left)
     if _native.CONTAIN_SUPPORTED:
         assert left == []
@@ -265,11 +271,7 @@ def test_a_short_final_kill_under_load_is_not_an_escape(reaper: list[int]) -> No
         t.start()
     for t in threads:
         t.join()
-    deadline = time.monotonic() + 10
-    left = _marked(mark)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = _marked(mark)
+    left = _marked_left(mark)
     reaper.extend(left)
     assert left == []
     escaped = [r for r in results if r.escaped]
