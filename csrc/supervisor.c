@@ -381,10 +381,11 @@ static long signal_round(struct sup *s, int leader_reaped, int sig, long *alive)
 
 static int drain_signals(struct sup *s, int *chld);
 
-/* SIGKILL pid, a child of parent (or, reparented meanwhile, of ours): the
- * pidfd pins the process whose parent was checked, so a pid reused in between
- * is never signalled.  Returns 0 (signalled, or gone), or -1 with errno EPERM
- * when it may not be signalled. */
+/* SIGKILL pid, listed as a child of parent (or, reparented meanwhile, of
+ * ours): the pidfd pins the process whose parent was checked, so a pid reused
+ * in between is never signalled.  Returns 1 when it was signalled, -1 when it
+ * is that child but may not be signalled (EPERM), 0 when it is gone or not
+ * that child. */
 static int kill_child_of(struct sup *s, pid_t parent, pid_t pid)
 {
     int pfd = -1;
@@ -394,9 +395,10 @@ static int kill_child_of(struct sup *s, pid_t parent, pid_t pid)
         return 0;
 #endif
     char name[24], state = 0;
-    int ppid = 0, pgrp = 0, rc = 0;
+    int ppid = 0, pgrp = 0, rc = 0, ours = 0;
     snprintf(name, sizeof name, "%d", (int)pid);
     if (bp__proc_stat(name, &state, &ppid, &pgrp) == 0 && (ppid == parent || ppid == s->self)) {
+        ours = 1;
 #if defined(SYS_pidfd_open) && defined(SYS_pidfd_send_signal)
         if (pfd >= 0)
             rc = (int)syscall(SYS_pidfd_send_signal, pfd, SIGKILL, NULL, 0);
@@ -407,11 +409,9 @@ static int kill_child_of(struct sup *s, pid_t parent, pid_t pid)
     int err = errno;
     if (pfd >= 0)
         (void)close(pfd);
-    if (rc < 0 && err == EPERM) {
-        errno = EPERM;
-        return -1;
-    }
-    return 0;
+    if (!ours || (rc < 0 && err != EPERM))
+        return 0;
+    return rc < 0 ? -1 : 1;
 }
 
 /* Append the children of pid (of each of its threads) to out[*n...]. */
@@ -426,18 +426,25 @@ static void list_children_of(pid_t pid, pid_t *out, long *n, long cap)
     while ((e = readdir(d)) != NULL && *n < cap) {
         if (e->d_name[0] < '0' || e->d_name[0] > '9')
             continue;
-        char file[96], buf[4096];
+        static char buf[MAX_KIDS * 12];
+        char file[96];
         snprintf(file, sizeof file, "/proc/%d/task/%.20s/children", (int)pid, e->d_name);
         int fd = open(file, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
             continue;
-        ssize_t got;
-        do {
-            got = read(fd, buf, sizeof buf);
-        } while (got < 0 && errno == EINTR);
+        size_t got = 0;
+        for (;;) {
+            ssize_t r = read(fd, buf + got, sizeof buf - got);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                break;
+            got += (size_t)r;
+            if (got == sizeof buf)
+                break;
+        }
         (void)close(fd);
-        if (got > 0)
-            *n = parse_pids(buf, (size_t)got, 0, out, *n);
+        *n = parse_pids(buf, got, 0, out, *n);
     }
     closedir(d);
 }
@@ -465,13 +472,17 @@ static long kill_dying_tree(struct sup *s)
             refused++;
     }
     for (long i = 0; i < n; i++) {
-        long first = n;
-        list_children_of(queue[i], queue, &n, MAX_KIDS);
-        if (n == MAX_KIDS)
+        long first = n, listed = n;
+        list_children_of(queue[i], queue, &listed, MAX_KIDS);
+        if (listed == MAX_KIDS)
             return -1;
-        for (long j = first; j < n; j++)
-            if (kill_child_of(s, queue[i], queue[j]) < 0)
+        for (long j = first; j < listed; j++) {
+            int got = kill_child_of(s, queue[i], queue[j]);
+            if (got < 0)
                 refused++;
+            if (got != 0)
+                queue[n++] = queue[j];  /* walked in turn: only a process known to be of the tree */
+        }
     }
     return refused;
 }
