@@ -157,6 +157,7 @@ int bp__sup_usable(const struct bp_sup *sup, int what);
 #define BP_DRAIN_PARTIAL_NS 50000000LL
 #ifdef __linux__
 int bp__proc_stat(const char *name, char *state, int *ppid, int *pgrp);
+int bp__proc_dying(const char *name);
 #endif
 void bp__sup_revive(struct bp_sup *sup);
 void bp__sup_signal(struct bp_run *run, int sig);

@@ -150,7 +150,9 @@ static long pipe_holder(const struct bp_run *run, int *partial)
 
 /* Whether pid is one the run's end killed, on its way out: a member of the run's own
  * process group (SIGKILLed with it), or, contained, its supervisor or a child of it (an
- * orphan it adopted and kills).  Read from /proc/PID/stat; 0 when it cannot be read. */
+ * orphan it adopted and kills), or any process already dying (one the supervisor killed
+ * and left to finish its exit, slow when it frees much memory).  Read from /proc; 0
+ * when it cannot be read. */
 static int killed_with_run(const struct bp_run *run, long pid)
 {
     char name[24], state = 0;
@@ -161,7 +163,9 @@ static int killed_with_run(const struct bp_run *run, long pid)
     if (run->spec->new_session && run->pid > 0 && pgrp == (int)run->pid)
         return 1;
     /* the supervisor closing its copies of the pipes, or an orphan it kills */
-    return run->sup != NULL && (pid == bp_sup_pid(run->sup) || ppid == bp_sup_pid(run->sup));
+    if (run->sup != NULL && (pid == bp_sup_pid(run->sup) || ppid == bp_sup_pid(run->sup)))
+        return 1;
+    return bp__proc_dying(name);
 }
 #endif
 

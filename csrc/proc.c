@@ -6,13 +6,13 @@
 
 #ifdef __linux__
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-/* bp__proc_stat: from /proc/NAME/stat (NAME a pid's digits), the state letter, the
- * parent's pid and the process group.  0, or -1 when it cannot be read. */
-int bp__proc_stat(const char *name, char *state, int *ppid, int *pgrp)
+/* The fields of /proc/NAME/stat that we use (NAME a pid's digits). */
+static int read_stat(const char *name, char *state, int *ppid, int *pgrp, unsigned *flags)
 {
     char path[64];
     char buf[512];
@@ -35,8 +35,60 @@ int bp__proc_stat(const char *name, char *state, int *ppid, int *pgrp)
     buf[n] = '\0';
     /* comm may hold spaces and parentheses: the fields resume after the last ')'. */
     char *rp = strrchr(buf, ')');
-    if (rp == NULL || sscanf(rp + 1, " %c %d %d", state, ppid, pgrp) != 3)
+    if (rp == NULL || sscanf(rp + 1, " %c %d %d %*d %*d %*d %u", state, ppid, pgrp, flags) != 4)
         return -1;
     return 0;
+}
+
+/* bp__proc_stat: from /proc/NAME/stat (NAME a pid's digits), the state letter, the
+ * parent's pid and the process group.  0, or -1 when it cannot be read. */
+int bp__proc_stat(const char *name, char *state, int *ppid, int *pgrp)
+{
+    unsigned flags = 0;
+    return read_stat(name, state, ppid, pgrp, &flags);
+}
+
+#define BP_PF_EXITING 0x4u  /* the kernel's PF_EXITING, in /proc/PID/stat's flags */
+
+/* Whether /proc/NAME/status shows a SIGKILL pending (its thread's or the process's). */
+static int sigkill_pending(const char *name)
+{
+    char path[64], buf[4096];
+    (void)snprintf(path, sizeof path, "/proc/%.20s/status", name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n;
+    do {
+        n = read(fd, buf, sizeof buf - 1);
+    } while (n < 0 && errno == EINTR);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    static const char *const keys[] = {"\nSigPnd:", "\nShdPnd:"};
+    for (int i = 0; i < 2; i++) {
+        const char *at = strstr(buf, keys[i]);
+        unsigned long long mask = 0;
+        if (at != NULL && sscanf(at + strlen(keys[i]), " %llx", &mask) == 1
+                && (mask & (1ULL << (SIGKILL - 1))) != 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* bp__proc_dying: whether process NAME is on its way out: a zombie, exiting
+ * (its files not yet released), or with a SIGKILL pending that it has not yet
+ * been scheduled to act on.  0 when it cannot be read. */
+int bp__proc_dying(const char *name)
+{
+    char state = 0;
+    int ppid = 0, pgrp = 0;
+    unsigned flags = 0;
+    if (read_stat(name, &state, &ppid, &pgrp, &flags) < 0)
+        return 0;
+    if (state == 'Z' || state == 'X' || state == 'x' || (flags & BP_PF_EXITING) != 0)
+        return 1;
+    return sigkill_pending(name);
 }
 #endif

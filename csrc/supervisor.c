@@ -449,42 +449,61 @@ static void list_children_of(pid_t pid, pid_t *out, long *n, long cap)
     closedir(d);
 }
 
+/* Whether pid is among list[0..n). */
+static int listed_in(const pid_t *list, long n, pid_t pid)
+{
+    for (long i = 0; i < n; i++)
+        if (list[i] == pid)
+            return 1;
+    return 0;
+}
+
 /*
  * The final kill's budget is spent and children are left unreaped.  Each got
  * SIGKILL in the last round, so each is on its way out, but one that has not
  * died yet has not handed us its children either, and they may be in no group
  * we signalled (setsid).  Kill the rest of the tree from the top down: a
  * process is signalled before its children are listed, and one with SIGKILL
- * pending forks no more, so each list is final.  Returns how many processes
- * may not be signalled (EPERM: one that changed its ids), which are what the
- * run could not kill; -1 when /proc is not ours, or the tree is too large to
- * walk (then nothing here can say all were killed).
+ * pending forks no more, so each list is final.  One that dies before its
+ * list is read has handed its children to us instead: our own children are
+ * listed again until none is new.  Returns how many processes may not be
+ * signalled (EPERM: one that changed its ids), which are what the run could
+ * not kill; -1 when /proc is not ours, or the tree is too large to walk (then
+ * nothing here can say all were killed).
  */
 static long kill_dying_tree(struct sup *s)
 {
     if (!s->proc_ok)
         return -1;
-    pid_t queue[MAX_KIDS];
-    long n = list_children(s, 0, queue), refused = 0;
-    for (long i = 0; i < n; i++) {
-        pid_t pid = queue[i];
-        if (kill(pid, SIGKILL) < 0 && errno == EPERM)  /* ours, unreaped: its pid is stable */
-            refused++;
-    }
-    for (long i = 0; i < n; i++) {
-        long first = n, listed = n;
-        list_children_of(queue[i], queue, &listed, MAX_KIDS);
-        if (listed == MAX_KIDS)
-            return -1;
-        for (long j = first; j < listed; j++) {
-            int got = kill_child_of(s, queue[i], queue[j]);
-            if (got < 0)
+    static pid_t tree[MAX_KIDS], kids[MAX_KIDS];  /* every process signalled; ours now */
+    long n = 0, refused = 0;
+    for (;;) {
+        long nk = list_children(s, 0, kids), walked = n;
+        for (long i = 0; i < nk; i++) {
+            if (listed_in(tree, walked, kids[i]))
+                continue;
+            if (n == MAX_KIDS)
+                return -1;
+            if (kill(kids[i], SIGKILL) < 0 && errno == EPERM)  /* ours, unreaped: a stable pid */
                 refused++;
-            if (got != 0)
-                queue[n++] = queue[j];  /* walked in turn: only a process known to be of the tree */
+            tree[n++] = kids[i];
+        }
+        if (n == walked)
+            return refused;  /* every child of ours was signalled, and its tree below it */
+        for (long i = walked; i < n; i++) {
+            long first = n, listed = n;
+            list_children_of(tree[i], tree, &listed, MAX_KIDS);
+            if (listed == MAX_KIDS)
+                return -1;
+            for (long j = first; j < listed; j++) {
+                int got = kill_child_of(s, tree[i], tree[j]);
+                if (got < 0)
+                    refused++;
+                if (got != 0)
+                    tree[n++] = tree[j];  /* walked in turn: only a process known to be of the tree */
+            }
         }
     }
-    return refused;
 }
 
 
