@@ -106,6 +106,7 @@ _STAGES = {
     lib.BP_STAGE_SETGID: "setgid",
     lib.BP_STAGE_SETUID: "setuid",
     lib.BP_STAGE_MEMFD: "memfd_create",
+    lib.BP_STAGE_SETPGID: "setpgid",
 }
 
 

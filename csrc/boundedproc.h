@@ -72,6 +72,7 @@
 #define BP_STAGE_SETGID 19
 #define BP_STAGE_SETUID 20
 #define BP_STAGE_MEMFD 21
+#define BP_STAGE_SETPGID 22
 
 /* bp_result.runner_failed: what happened to the supervisor of a run. */
 #define BP_RUNNER_OK 0

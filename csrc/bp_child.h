@@ -137,6 +137,7 @@ struct bp_k_sigaction {
 static inline long bpc_getppid(void) { return BP_SYS0(SYS_getppid); }
 static inline long bpc_getpid(void) { return BP_SYS0(SYS_getpid); }
 static inline long bpc_setsid(void) { return BP_SYS0(SYS_setsid); }
+static inline long bpc_setpgid(pid_t pgid) { return BP_SYS2(SYS_setpgid, 0, pgid); }
 static inline long bpc_close(int fd) { return BP_SYS1(SYS_close, fd); }
 static inline long bpc_chdir(const char *path) { return BP_SYS1(SYS_chdir, path); }
 static inline long bpc_dup2(int from, int to)
@@ -177,6 +178,7 @@ static inline long bpc_ret(long r) { return r < 0 ? -errno : r; }
 static inline long bpc_getppid(void) { return getppid(); }
 static inline long bpc_getpid(void) { return getpid(); }
 static inline long bpc_setsid(void) { return bpc_ret(setsid()); }
+static inline long bpc_setpgid(pid_t pgid) { return bpc_ret(setpgid(0, pgid)); }
 static inline long bpc_close(int fd) { return bpc_ret(close(fd)); }
 static inline long bpc_chdir(const char *path) { return bpc_ret(chdir(path)); }
 static inline long bpc_dup2(int from, int to) { return bpc_ret(dup2(from, to)); }
@@ -236,6 +238,8 @@ struct bp_child_args {
                                      * disposition at its default (the supervisor):
                                      * nothing to reset, nothing to block around the start */
     int new_session;
+    pid_t pgid;                     /* > 0, without new_session: join this group (the
+                                     * caller's, from its supervisor's own) */
     const int64_t *rlimits_soft;    /* BP_NRLIMITS entries, < 0: unchanged */
     const int64_t *rlimits_hard;
     int64_t uid;                    /* < 0: unchanged */
@@ -381,6 +385,8 @@ __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child
     }
     if (a->new_session && (r = bpc_setsid()) < 0)
         bp_child_fail(a, BP_STAGE_SETSID, r);
+    if (!a->new_session && a->pgid > 0 && (r = bpc_setpgid(a->pgid)) < 0)
+        bp_child_fail(a, BP_STAGE_SETPGID, r);
 
     int src[3] = {a->in, a->out, a->err};
     for (int fd = 0; fd < 3; fd++) {

@@ -74,7 +74,7 @@
 #define BP_CMD_KILL 3
 
 /* This protocol's version, in HELLO's status (0 in every build before it was sent). */
-#define BP_SUP_PROTOCOL 0x62700005
+#define BP_SUP_PROTOCOL 0x62700006
 
 #define BP_MSG_HELLO 1
 #define BP_MSG_LEADER 2
@@ -103,7 +103,8 @@ struct bp_sup_cmd {
     int32_t envc;
     int32_t npaths;
     int32_t ngroups;        /* < 0: unchanged */
-    int32_t pad1;
+    int32_t pgid;           /* > 0 (new_session 0): the group the leader joins, the
+                               caller's; the supervisor has one of its own */
     int64_t uid;
     int64_t gid;
     int64_t spec_len;       /* bytes of the spec: after this header in the same record

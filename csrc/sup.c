@@ -72,6 +72,8 @@ struct bp_origin {
      * dropped its ids would otherwise run its commands as root. */
     uid_t uid[3];
     gid_t gid[3];
+    pid_t sid;              /* a leader that stays in our group joins it from the
+                             * supervisor's session (bp_child_args.pgid) */
     int ngroups;
     uint64_t groups_hash;
     uint32_t caps[6];       /* capget, version 3: effective, permitted, inheritable x 2 */
@@ -288,6 +290,7 @@ static void origin_read(struct bp_origin *o, int what)
     memset(o, 0, sizeof *o);
     (void)getresuid(&o->uid[0], &o->uid[1], &o->uid[2]);
     (void)getresgid(&o->gid[0], &o->gid[1], &o->gid[2]);
+    o->sid = getsid(0);
     gid_t small[64], *groups = small;
     int n = getgroups(64, small);
     if (n < 0 && errno == EINVAL) {  /* more than 64 */
@@ -688,6 +691,7 @@ int bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err)
     memset(&cmd, 0, sizeof cmd);
     cmd.type = BP_CMD_RUN;
     cmd.new_session = spec->new_session;
+    cmd.pgid = spec->new_session ? 0 : (int32_t)getpgrp();  /* ours, not the supervisor's */
     cmd.uid = spec->uid;
     cmd.gid = spec->gid;
     for (int i = 0; i < BP_NRLIMITS; i++) {

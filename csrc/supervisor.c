@@ -13,7 +13,9 @@
  *   - reused, its exec is paid once per calling thread, not per run.
  *
  * Its life: it is the child of one calling thread (the core keeps one per
- * thread, see boundedproc/_native.py), a child subreaper, and waits for
+ * thread, see boundedproc/_native.py), in a process group of its own (so that
+ * a SIGKILL of the caller's group spares it to kill the run), a child
+ * subreaper, and waits for
  * BP_CMD_RUN on its socket (bp_supervisor.h).  For each run it starts the
  * leader with the shared pre-exec steps (bp_child.h), beside it rather than
  * waiting for the exec (start_leader), reaps
@@ -744,6 +746,7 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
     a->report = &s->report;
     a->clean_parent = 1;  /* main(): every disposition default, every signal blocked */
     a->new_session = cmd->new_session;
+    a->pgid = (pid_t)cmd->pgid;
     a->rlimits_soft = cmd->rlimits_soft;  /* serve()'s caller keeps cmd for the run */
     a->rlimits_hard = cmd->rlimits_hard;
     a->uid = cmd->uid;
@@ -984,6 +987,12 @@ int main(int argc, char **argv)
     }
     if (getppid() != s.caller)
         return 0;  /* the calling thread is already gone */
+    /* A process group of our own: a SIGKILL of the caller's whole group (`kill -9
+     * -PGID`, `kill -9 %1` in a shell, `timeout -s KILL` around the caller) must not
+     * take us with it, or the leader dies of its parent-death signal and the rest of
+     * its group lives on.  We see the caller go and kill the run.  A leader that must
+     * stay in the caller's group (new_session 0) joins it (bp_child_args.pgid). */
+    (void)setpgid(0, 0);
 #ifdef SYS_pidfd_open
     s.caller_fd = (int)syscall(SYS_pidfd_open, s.caller, 0);
     if (s.caller_fd >= 0)

@@ -125,6 +125,30 @@ def test_parent_sigkill_takes_the_run_with_it(tmp_path: Path, reaper: list[int],
         parent.kill()
 
 
+@pytest.mark.skipif(not _native.CONTAIN_SUPPORTED, reason="containment is Linux-only")
+def test_sigkill_of_the_callers_whole_group_takes_the_run_with_it(tmp_path: Path,
+                                                                   reaper: list[int]) -> None:
+    """SIGKILL of the caller's process group (`kill -9 -PGID`, `kill -9 %1` in a shell,
+    `timeout -s KILL` around a grader): the run's processes die all the same.
+
+    The supervisor has a process group of its own, so the signal that kills the caller
+    does not kill it as well; it then sees the caller gone and kills the run.  In the
+    caller's group, it died with it, and the rest of the leader's group lived on.
+    """
+    f = tmp_path / "pids"
+    parent = subprocess.Popen([PY, "-c", PARENT.format(f=f, contain=None)],
+                              start_new_session=True)
+    try:
+        pids = wait_for_pids(f)
+        reaper.extend(pids)
+        assert len(pids) == 3 and all(alive(p) for p in pids)
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+        assert wait_dead(pids, within=3.0) == []  # leader, setsid escapee, background
+    finally:
+        parent.kill()
+
+
 def test_contain_true_or_false_is_accepted() -> None:
     """contain accepts a bool or None and rejects other types before spawning."""
     assert run(["true"], contain=False).ok

@@ -736,6 +736,20 @@ def test_foreground_signals_the_command_alone(contain: bool, reaper: list[int]) 
     assert (wait_dead(child) == []) if contain else alive(child[0])
 
 
+@pytest.mark.parametrize("contain", [True, False], ids=["contained", "no-contain"])
+def test_foreground_command_is_in_the_callers_process_group(contain: bool) -> None:
+    """--foreground: COMMAND stays in the process group timeout was started in (as
+    coreutils), contained too: the supervisor has a group of its own, and the leader joins
+    the caller's from it.  Without --foreground, COMMAND leads a group of its own."""
+    stat = "cut -d' ' -f5 /proc/$$/stat"  # the shell's process group
+    extra = [] if contain else ["--no-contain"]
+    p = tcli("--foreground", *extra, "10", "sh", "-c", stat)
+    assert p.returncode == 0 and int(p.stdout) == os.getpgrp(), p
+    p = tcli(*extra, "10", "sh", "-c", f"echo $$; {stat}")
+    pid, pgid = p.stdout.split()
+    assert p.returncode == 0 and pid == pgid, p
+
+
 # --- a terminal ---------------------------------------------------------------------
 
 
