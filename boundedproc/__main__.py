@@ -137,8 +137,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run(cmd, shell=args.shell or False, timeout=args.timeout,
                      max_output=args.max_output, on_overflow=args.on_overflow,
                      kill_grace=args.kill_grace, on_output=live)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt:  # the run's group is killed and reaped by now
+        # End by SIGINT, as coreutils timeout does after a Ctrl-C (and boundedproc-timeout):
+        # a shell then stops its loop too; an exit 130 reads as "the command handled it".
+        from boundedproc.timeout import _die_by
+
+        _die_by(signal.SIGINT)
+        return 130  # SIGINT could not end us
     except _WriteFailed as failed:  # the run was ended (as by Ctrl-C): its group is gone
         return _write_failed(failed)
     if args.json:

@@ -6,11 +6,14 @@ import argparse
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
-from conftest import exec_after, pids_in, wait_dead
+from conftest import exec_after, importable_env, pids_in, python_module_argv, wait_dead, wait_for
 
 from boundedproc.__main__ import main, parse_size
 
@@ -160,3 +163,27 @@ def test_json_is_utf8_for_an_argument_that_is_not() -> None:
     data = json.loads(p.stdout.decode("utf-8"))
     assert p.returncode == 0 and data["args"] == ["echo", "a\ufffdb"]
     assert data["stdout"] == "a\ufffdb\n"
+
+
+def test_ctrl_c_ends_it_by_sigint_as_timeout_does(tmp_path: Path) -> None:
+    """SIGINT (a Ctrl-C) kills the run and then ends the CLI by SIGINT, as coreutils timeout
+    and boundedproc-timeout do, so that a calling shell's loop stops too (an exit 130 reads to
+    bash as "the command handled it", and the loop went on)."""
+    f = tmp_path / "pids"
+    proc = subprocess.Popen(
+        python_module_argv("boundedproc", "--timeout", "100", "--", "sh", "-c",
+                           f"echo $$ > {f}.tmp; sleep 977.75 & echo $! >> {f}.tmp; "
+                           f"mv {f}.tmp {f}; wait"),
+        env=importable_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert wait_for(f.exists, 30)
+        pids = pids_in(f.read_text())
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGINT
+    assert wait_dead(pids) == []
