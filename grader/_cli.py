@@ -594,6 +594,20 @@ class _Progress:
             self._write("\n")
             self._plain = None
 
+    def hide(self) -> None:
+        """Clear the progress line, for a line written to the same terminal; then show()."""
+        if self._bar is not None:
+            self._bar.clear()
+        elif self._plain is not None:
+            self._write("\r\x1b[K")  # to the line's start, and erase to its end
+
+    def show(self) -> None:
+        """Draw the progress again after hide()."""
+        if self._bar is not None:
+            self._bar.refresh()
+        elif self._plain is not None:
+            self._draw()
+
     def _draw(self) -> None:
         self._write(f"\rgraded {self._done}/{self._total} claims")
 
@@ -605,6 +619,13 @@ class _Progress:
             self._plain.flush()
         except (OSError, ValueError):  # closed, or its reader left: keep grading
             self._plain = None
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, OSError, ValueError):  # closed, or not a file
+        return False
 
 
 def _terminal_size(stream: IO[str]) -> tuple[int, int]:
@@ -906,15 +927,22 @@ def _grade_pass(
         tmpdir=args.tmpdir,
         verbose=args.verbose,
     )
+    # The lines and the progress on one terminal (no --out): each line is written on a
+    # cleared progress line, which is drawn again under it.
+    shared_screen = out is sys.stdout and _isatty(out)
     try:
         for outcome in results:
             outcomes.append(outcome)
             line = outcome_json(outcome) + "\n"
+            if shared_screen:
+                progress.hide()
             try:
                 out.write(line)
                 out.flush()
             except OSError as exc:
                 raise _OutputFailed(exc) from exc
+            if shared_screen:
+                progress.show()
     except _OutputFailed as failed:
         # Not a bug of the grader: the reader left (`| head`) or the disk is full.  The
         # checks still running end now, as on Ctrl-C, and no verdict is implied.

@@ -467,6 +467,74 @@ def test_progress_on_a_terminal_that_reports_no_size(
     assert "total" in shown
 
 
+def screen_lines(text: str) -> list[str]:
+    """The lines a terminal shows for `text`: a carriage return goes back to the line's start,
+    later characters overwrite earlier ones, ESC [ K erases to the line's end."""
+    lines: list[list[str]] = [[]]
+    col = 0
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if text.startswith("\x1b[K", i):
+            del lines[-1][col:]
+            i += 3
+            continue
+        if ch == "\r":
+            col = 0
+        elif ch == "\n":
+            lines.append([])
+            col = 0
+        else:
+            row = lines[-1]
+            if col < len(row):
+                row[col] = ch
+            else:
+                row.append(ch)
+            col += 1
+        i += 1
+    return ["".join(row).rstrip() for row in lines]
+
+
+@pytest.mark.parametrize("with_tqdm", [True, False], ids=["tqdm", "no-tqdm"])
+def test_progress_and_lines_on_one_terminal(
+    tmp_path: Path, fake_tqdm_missing: Path, with_tqdm: bool
+) -> None:
+    """stdout and stderr on one terminal (no --out): each JSON line is a screen line of its
+    own, never run into the progress counter or bar (`graded 2/4 claims{"id": ...`)."""
+    import pty
+
+    if with_tqdm:
+        pytest.importorskip("tqdm")
+    (tmp_path / "results.txt").write_text("PARETO\n")
+    path = write_claims(tmp_path, *(claim(f"c{i}", expect="1") for i in range(4)))
+    env = importable_env()
+    if not with_tqdm:
+        env["PYTHONPATH"] = os.pathsep.join([str(fake_tqdm_missing), env["PYTHONPATH"]])
+    master, slave = pty.openpty()
+    try:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "grader", str(path), "--jobs", "2", "--timeout", "60"],
+                env=env, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+            )
+        finally:
+            os.close(slave)
+        try:
+            shown = read_terminal(master, proc, 120).decode("utf-8", "replace")
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    finally:
+        os.close(master)
+    assert proc.returncode == 0, shown
+    lines = [line for line in screen_lines(shown) if '"id"' in line]
+    assert len(lines) == 4, shown
+    for line in lines:
+        assert json.loads(line)["verdict"] == "verified", repr(shown)
+
+
 @pytest.fixture
 def fake_tqdm_missing(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory that, first on PYTHONPATH, makes `import tqdm` fail as if not installed."""
