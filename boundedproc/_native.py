@@ -724,10 +724,12 @@ def _runner_failure(res: Any, sup_pid: int) -> str | None:
         elif os.WIFEXITED(status):
             fate = f", exited with status {os.WEXITSTATUS(status)}"
     who = f"the containment supervisor (pid {sup_pid})" if sup_pid else "the containment supervisor"
+    # Lost before the leader reached its exec (it then dies of its parent-death signal):
+    # nothing of the command ran, and the result is a spawn failure (_run._runner_error).
+    after = "; the run's group was killed" if res.spawned else "; the command never started"
     if how == lib.BP_RUNNER_UNRESPONSIVE:
-        return (f"{who} did not answer within the run's bound (stopped?) and was killed; "
-                "the run's group was killed")
-    return f"{who} died during the run{fate}; the run's group was killed"
+        return f"{who} did not answer within the run's bound (stopped?) and was killed{after}"
+    return f"{who} died during the run{fate}{after}"
 
 
 _CHUNK, _DONE = lib.BP_CHUNK, lib.BP_DONE

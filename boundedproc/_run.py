@@ -473,8 +473,8 @@ def _unusable_stream(options: Options) -> str | None:
 
 def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes | None,
                   options: Options) -> str | None:
-    if out.runner_failure:
-        return f"runner failed: {out.runner_failure}"
+    if out.runner_failure:  # the supervisor failed it: a spawn failure if nothing started
+        return f"{'runner' if out.spawned else 'spawn'} failed: {out.runner_failure}"
     if out.err_stage:
         name = _native.errno_name(out.err_errno)
         stage = _native.stage_name(out.err_stage)

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import psutil
 import pytest
@@ -1104,3 +1105,27 @@ def test_a_run_under_valgrind_completes() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads(out.stdout)
     assert data["ok"] and data["uncontained"], data
+
+
+@pytest.mark.parametrize("spawned", [True, False])
+def test_a_supervisor_lost_before_the_start_is_a_spawn_failure(spawned: bool) -> None:
+    """A supervisor that died (or stopped answering) before its leader reached the exec
+    leaves a run that never started: 127 and `spawn failed: ` naming the supervisor's fate,
+    not `runner failed: `, which is for a run that spawned (README, SPEC 2.3).  Seen under
+    heavy overload, where a starved supervisor missed the run's bound."""
+    from boundedproc import _run
+
+    res = _native.ffi.new("struct bp_result *")
+    res.spawned = int(spawned)
+    res.runner_failed = _native.lib.BP_RUNNER_UNRESPONSIVE
+    res.runner_status = signal.SIGKILL
+    text = _native._runner_failure(res, 4242)
+    out = _native.NativeOutcome(spawned, 4242 if spawned else 0, 137 if spawned else 127, 0,
+                                False, False, False, False, True, 0, 0, 0, 0, b"", b"", 0.0,
+                                0.0, 0, 0, 0, 0, 0, None, None, runner_failure=text)
+    err = _run._runner_error(out, [b"true"], None, cast(Any, None))  # options: unused here
+    assert err is not None and "(pid 4242) did not answer" in err
+    if spawned:
+        assert err.startswith("runner failed: ") and err.endswith("the run's group was killed")
+    else:
+        assert err.startswith("spawn failed: ") and err.endswith("the command never started")
