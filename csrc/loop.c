@@ -95,9 +95,34 @@ static int writers_gone(const struct bp_run *run)
 }
 
 #ifdef __linux__
-/* A process other than this one that has an output pipe of the run open (readlink of its
- * fds names the pipe's inode): its pid, or 0 when none is seen (-1: this cannot be looked
- * at).  One pass over /proc for both pipes.  fd directories this process may not read
+/* Whether fd `name` of process pid is open for writing (/proc/PID/fdinfo's flags): a
+ * pipe's read end held elsewhere (a child the caller forked has copies of our fds) writes
+ * nothing and keeps no EOF away.  1 when it cannot be read: counted as a writer. */
+static int opened_for_writing(long pid, const char *name)
+{
+    char path[64], buf[256];
+    (void)snprintf(path, sizeof path, "/proc/%ld/fdinfo/%.16s", pid, name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 1;
+    ssize_t n;
+    do {
+        n = read(fd, buf, sizeof buf - 1);
+    } while (n < 0 && errno == EINTR);
+    close(fd);
+    if (n <= 0)
+        return 1;
+    buf[n] = '\0';
+    const char *at = strstr(buf, "flags:");
+    unsigned flags = 0;
+    if (at == NULL || sscanf(at + 6, " %o", &flags) != 1)
+        return 1;
+    return (flags & O_ACCMODE) != O_RDONLY;
+}
+
+/* A process other than this one that has an output pipe of the run open for writing
+ * (readlink of its fds names the pipe's inode): its pid, or 0 when none is seen (-1: this
+ * cannot be looked at).  One pass over /proc for both pipes.  fd directories this process may not read
  * (another user's processes, a setuid program's) are passed over, and *partial is then set. */
 static long pipe_holder(const struct bp_run *run, int *partial)
 {
@@ -139,7 +164,8 @@ static long pipe_holder(const struct bp_run *run, int *partial)
         while (holder == 0 && (f = readdir(fds)) != NULL) {
             ssize_t n = readlinkat(dfd, f->d_name, link, sizeof link);
             for (int i = 0; i < 2 && n > 0; i++)  /* wl[i] is -1 for a pipe already closed */
-                if (n == wl[i] && memcmp(link, want[i], (size_t)n) == 0)
+                if (n == wl[i] && memcmp(link, want[i], (size_t)n) == 0
+                        && opened_for_writing(pid, f->d_name))
                     holder = pid;
         }
         closedir(fds);

@@ -807,10 +807,11 @@ static void close_run_fds(struct run_fds *fds)
 
 /* DEATH_SIGNAL from the kernel on the calling thread's exit (parent death),
  * not one a command sent us: the kernel's carries SI_USER and the caller's
- * pid, which no other process can forge.  The caller itself could: it is
- * the kernel's only for a signal the caller has no reason to send its own
- * process group, which we are in.  SIGHUP once served, and a caller that
- * broadcast a reload (killpg(getpgrp(), SIGHUP)) ended every run in flight. */
+ * pid, which no other process can forge.  The caller itself could (kill of
+ * our pid): it is the kernel's only for a signal the caller has no reason to
+ * send.  SIGHUP once served, and a caller that broadcast a reload
+ * (killpg(getpgrp(), SIGHUP)) ended every run in flight, when we were still
+ * in its process group (we lead our own now, see main). */
 static int drain_signals(struct sup *s, int *chld)
 {
     struct signalfd_siginfo si;
