@@ -158,6 +158,7 @@ int bp__sup_usable(const struct bp_sup *sup, int what);
 #ifdef __linux__
 int bp__proc_stat(const char *name, char *state, int *ppid, int *pgrp);
 int bp__proc_dying(const char *name);
+ssize_t bp__read_small(const char *path, char *buf, size_t size);
 #endif
 void bp__sup_revive(struct bp_sup *sup);
 void bp__sup_signal(struct bp_run *run, int sig);

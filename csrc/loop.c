@@ -102,17 +102,8 @@ static int opened_for_writing(long pid, const char *name)
 {
     char path[64], buf[256];
     (void)snprintf(path, sizeof path, "/proc/%ld/fdinfo/%.16s", pid, name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (bp__read_small(path, buf, sizeof buf) < 0)
         return 1;
-    ssize_t n;
-    do {
-        n = read(fd, buf, sizeof buf - 1);
-    } while (n < 0 && errno == EINTR);
-    close(fd);
-    if (n <= 0)
-        return 1;
-    buf[n] = '\0';
     const char *at = strstr(buf, "flags:");
     unsigned flags = 0;
     if (at == NULL || sscanf(at + 6, " %o", &flags) != 1)

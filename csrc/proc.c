@@ -11,28 +11,34 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The fields of /proc/NAME/stat that we use (NAME a pid's digits). */
-static int read_stat(const char *name, char *state, int *ppid, int *pgrp, unsigned *flags)
+/* bp__read_small: the first size - 1 bytes (at most) of the file at path, with a NUL
+ * after them: their count, or -1 when it cannot be read (or is empty). */
+ssize_t bp__read_small(const char *path, char *buf, size_t size)
 {
-    char path[64];
-    char buf[512];
-    size_t nl = strlen(name);
-    if (nl > 20)
-        return -1;
-    memcpy(path, "/proc/", 6);
-    memcpy(path + 6, name, nl);
-    memcpy(path + 6 + nl, "/stat", 6);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
     ssize_t n;
     do {
-        n = read(fd, buf, sizeof buf - 1);
+        n = read(fd, buf, size - 1);
     } while (n < 0 && errno == EINTR);
     close(fd);
     if (n <= 0)
         return -1;
     buf[n] = '\0';
+    return n;
+}
+
+/* The fields of /proc/NAME/stat that we use (NAME a pid's digits). */
+static int read_stat(const char *name, char *state, int *ppid, int *pgrp, unsigned *flags)
+{
+    char path[64];
+    char buf[512];
+    if (strlen(name) > 20)
+        return -1;
+    (void)snprintf(path, sizeof path, "/proc/%s/stat", name);
+    if (bp__read_small(path, buf, sizeof buf) < 0)
+        return -1;
     /* comm may hold spaces and parentheses: the fields resume after the last ')'. */
     char *rp = strrchr(buf, ')');
     if (rp == NULL || sscanf(rp + 1, " %c %d %d %*d %*d %*d %u", state, ppid, pgrp, flags) != 4)
@@ -55,17 +61,8 @@ static int sigkill_pending(const char *name)
 {
     char path[64], buf[4096];
     (void)snprintf(path, sizeof path, "/proc/%.20s/status", name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (bp__read_small(path, buf, sizeof buf) < 0)
         return 0;
-    ssize_t n;
-    do {
-        n = read(fd, buf, sizeof buf - 1);
-    } while (n < 0 && errno == EINTR);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
     static const char *const keys[] = {"\nSigPnd:", "\nShdPnd:"};
     for (int i = 0; i < 2; i++) {
         const char *at = strstr(buf, keys[i]);

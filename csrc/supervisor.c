@@ -187,6 +187,20 @@ static long parse_pids(const char *buf, size_t len, pid_t skip, pid_t *out, long
     return n;
 }
 
+/* What fd holds, from offset 0, into buf (at most size bytes): the count.  A read at 0
+ * of a children file is one consistent walk of the list by the kernel. */
+static size_t read_whole(int fd, char *buf, size_t size)
+{
+    size_t got = 0;
+    for (;;) {
+        ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0 || (got += (size_t)r) == size)
+            return got;
+    }
+}
+
 /* Every child of ours but `skip`, from /proc when it is ours, else probed. */
 static long list_children(struct sup *s, pid_t skip, pid_t *out)
 {
@@ -204,18 +218,7 @@ static long list_children(struct sup *s, pid_t skip, pid_t *out)
          * consistent walk), and the file stays open, so the common case costs
          * two reads, not an open of /proc as well. */
         static char buf[MAX_KIDS * 12];
-        size_t got = 0;
-        for (;;) {
-            ssize_t r = pread(s->kids_fd, buf + got, sizeof buf - got, (off_t)got);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0)
-                break;
-            got += (size_t)r;
-            if (got == sizeof buf)
-                break;
-        }
-        return parse_pids(buf, got, skip, out, 0);
+        return parse_pids(buf, read_whole(s->kids_fd, buf, sizeof buf), skip, out, 0);
     }
     /* Probe: a descendant's pid was allocated after the leader's. */
     pid_t base = s->leader > 0 ? s->leader : 1;
@@ -434,17 +437,7 @@ static void list_children_of(pid_t pid, pid_t *out, long *n, long cap)
         int fd = open(file, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
             continue;
-        size_t got = 0;
-        for (;;) {
-            ssize_t r = read(fd, buf + got, sizeof buf - got);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0)
-                break;
-            got += (size_t)r;
-            if (got == sizeof buf)
-                break;
-        }
+        size_t got = read_whole(fd, buf, sizeof buf);
         (void)close(fd);
         *n = parse_pids(buf, got, 0, out, *n);
     }
