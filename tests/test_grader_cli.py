@@ -429,26 +429,25 @@ def read_terminal(master: int, proc: subprocess.Popen[bytes], bound: float) -> b
     return received
 
 
-@pytest.mark.parametrize("with_tqdm", [True, False], ids=["tqdm", "no-tqdm"])
-def test_progress_on_a_terminal_that_reports_no_size(
-    tmp_path: Path, fake_tqdm_missing: Path, with_tqdm: bool
-) -> None:
-    """`python -m grader` with stderr on a fresh pty (0 columns, as in CI) shows progress."""
+def grade_on_a_pty(tmp_path: Path, no_tqdm: Path | None, claims: int, jobs: int,
+                   stdout_too: bool) -> tuple[int, str, bytes]:
+    """`python -m grader` on `claims` claims that verify, its stderr (and its stdout when
+    `stdout_too`) a fresh pty's other end: its status, what the terminal got, and the piped
+    stdout.  `no_tqdm`: a directory that hides tqdm, put first on PYTHONPATH."""
     import pty
 
-    if with_tqdm:
-        pytest.importorskip("tqdm")
     (tmp_path / "results.txt").write_text("PARETO\n")
-    path = write_claims(tmp_path, claim("a", expect="1"), claim("b", expect="1"))
+    path = write_claims(tmp_path, *(claim(f"c{i}", expect="1") for i in range(claims)))
     env = importable_env()
-    if not with_tqdm:
-        env["PYTHONPATH"] = os.pathsep.join([str(fake_tqdm_missing), env["PYTHONPATH"]])
+    if no_tqdm is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(no_tqdm), env["PYTHONPATH"]])
     master, slave = pty.openpty()
     try:
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "grader", str(path), "--jobs", "1", "--timeout", "60"],
-                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave,
+                [sys.executable, "-m", "grader", str(path), "--jobs", str(jobs), "--timeout", "60"],
+                env=env, stdin=subprocess.DEVNULL,
+                stdout=slave if stdout_too else subprocess.PIPE, stderr=slave,
             )
         finally:
             os.close(slave)  # the grader holds the only other end: EOF when it exits
@@ -461,7 +460,19 @@ def test_progress_on_a_terminal_that_reports_no_size(
                 proc.wait()
     finally:
         os.close(master)
-    assert proc.returncode == 0, shown
+    return proc.returncode, shown, out or b""
+
+
+@pytest.mark.parametrize("with_tqdm", [True, False], ids=["tqdm", "no-tqdm"])
+def test_progress_on_a_terminal_that_reports_no_size(
+    tmp_path: Path, fake_tqdm_missing: Path, with_tqdm: bool
+) -> None:
+    """`python -m grader` with stderr on a fresh pty (0 columns, as in CI) shows progress."""
+    if with_tqdm:
+        pytest.importorskip("tqdm")
+    status, shown, out = grade_on_a_pty(tmp_path, None if with_tqdm else fake_tqdm_missing,
+                                        claims=2, jobs=1, stdout_too=False)
+    assert status == 0, shown
     assert [line["verdict"] for line in output_lines(out.decode())] == ["verified"] * 2
     assert "2/2" in shown, shown
     assert "total" in shown
@@ -501,34 +512,11 @@ def test_progress_and_lines_on_one_terminal(
 ) -> None:
     """stdout and stderr on one terminal (no --out): each JSON line is a screen line of its
     own, never run into the progress counter or bar (`graded 2/4 claims{"id": ...`)."""
-    import pty
-
     if with_tqdm:
         pytest.importorskip("tqdm")
-    (tmp_path / "results.txt").write_text("PARETO\n")
-    path = write_claims(tmp_path, *(claim(f"c{i}", expect="1") for i in range(4)))
-    env = importable_env()
-    if not with_tqdm:
-        env["PYTHONPATH"] = os.pathsep.join([str(fake_tqdm_missing), env["PYTHONPATH"]])
-    master, slave = pty.openpty()
-    try:
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "grader", str(path), "--jobs", "2", "--timeout", "60"],
-                env=env, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
-            )
-        finally:
-            os.close(slave)
-        try:
-            shown = read_terminal(master, proc, 120).decode("utf-8", "replace")
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    finally:
-        os.close(master)
-    assert proc.returncode == 0, shown
+    status, shown, _ = grade_on_a_pty(tmp_path, None if with_tqdm else fake_tqdm_missing,
+                                      claims=4, jobs=2, stdout_too=True)
+    assert status == 0, shown
     lines = [line for line in screen_lines(shown) if '"id"' in line]
     assert len(lines) == 4, shown
     for line in lines:
