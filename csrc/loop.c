@@ -113,8 +113,9 @@ static int opened_for_writing(long pid, const char *name)
 
 /* A process other than this one that has an output pipe of the run open for writing
  * (readlink of its fds names the pipe's inode): its pid, or 0 when none is seen (-1: this
- * cannot be looked at).  One pass over /proc for both pipes.  fd directories this process may not read
- * (another user's processes, a setuid program's) are passed over, and *partial is then set. */
+ * cannot be looked at).  One pass over /proc for both pipes.  fd directories this process
+ * may not read (another user's processes, a setuid program's) are passed over, and
+ * *partial is then set. */
 static long pipe_holder(const struct bp_run *run, int *partial)
 {
     char want[2][48], link[48], path[40];

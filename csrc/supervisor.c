@@ -427,11 +427,11 @@ static void list_children_of(pid_t pid, pid_t *out, long *n, long cap)
     DIR *d = opendir(path);
     if (d == NULL)
         return;
+    static char buf[MAX_KIDS * 12];
     struct dirent *e;
     while ((e = readdir(d)) != NULL && *n < cap) {
         if (e->d_name[0] < '0' || e->d_name[0] > '9')
             continue;
-        static char buf[MAX_KIDS * 12];
         char file[96];
         snprintf(file, sizeof file, "/proc/%d/task/%.20s/children", (int)pid, e->d_name);
         int fd = open(file, O_RDONLY | O_CLOEXEC);
@@ -494,13 +494,12 @@ static long kill_dying_tree(struct sup *s)
                 int got = kill_child_of(s, tree[i], tree[j]);
                 if (got < 0)
                     refused++;
-                if (got != 0)
-                    tree[n++] = tree[j];  /* walked in turn: only a process known to be of the tree */
+                if (got != 0)  /* walked in turn: only a process known to be of the tree */
+                    tree[n++] = tree[j];
             }
         }
     }
 }
-
 
 /* Wait up to ms for a child to die (SIGCHLD on the signalfd), without losing a
  * parent death read meanwhile (drain_signals keeps it).  Killed processes die
