@@ -169,8 +169,9 @@ static long pipe_holder(const struct bp_run *run, int *partial)
 /* Whether pid is one the run's end killed, on its way out: a member of the run's own
  * process group (SIGKILLed with it), or, contained, its supervisor or a child of it (an
  * orphan it adopted and kills), or any process already dying (one the supervisor killed
- * and left to finish its exit, slow when it frees much memory).  Read from /proc; 0
- * when it cannot be read. */
+ * and left to finish its exit, slow when it frees much memory).  Or a child of this
+ * process, which is not the run's: another run's leader between its clone and its exec
+ * holds copies of our fds for that moment.  Read from /proc; 0 when it cannot be read. */
 static int killed_with_run(const struct bp_run *run, long pid)
 {
     char name[24], state = 0;
@@ -183,7 +184,7 @@ static int killed_with_run(const struct bp_run *run, long pid)
     /* the supervisor closing its copies of the pipes, or an orphan it kills */
     if (run->sup != NULL && (pid == bp_sup_pid(run->sup) || ppid == bp_sup_pid(run->sup)))
         return 1;
-    return bp__proc_dying(name);
+    return ppid == (int)getpid() || bp__proc_dying(name);
 }
 #endif
 
