@@ -156,8 +156,8 @@ int bp__sup_usable(const struct bp_sup *sup, int what);
 /* ... when some processes' fd tables could not be read (not root). */
 #define BP_DRAIN_PARTIAL_NS 50000000LL
 #ifdef __linux__
-int bp__proc_stat(const char *name, char *state, int *ppid, int *pgrp);
-int bp__proc_dying(const char *name);
+int bp__proc_stat(const char *name, char *state, int *ppid, int *pgrp, unsigned *flags);
+int bp__proc_dying(const char *name, char state, unsigned flags);
 ssize_t bp__read_small(const char *path, char *buf, size_t size);
 #endif
 void bp__sup_revive(struct bp_sup *sup);

@@ -224,7 +224,7 @@ static int live_member(const char *name, int pgid)
 {
     char state = 0;
     int ppid = 0, pgrp = 0;
-    if (bp__proc_stat(name, &state, &ppid, &pgrp) < 0)
+    if (bp__proc_stat(name, &state, &ppid, &pgrp, NULL) < 0)
         return 0;
     return pgrp == pgid && state != 'Z' && state != 'X' && state != 'x';
 }

@@ -176,15 +176,16 @@ static int killed_with_run(const struct bp_run *run, long pid)
 {
     char name[24], state = 0;
     int ppid = 0, pgrp = 0;
+    unsigned flags = 0;
     (void)snprintf(name, sizeof name, "%ld", pid);
-    if (bp__proc_stat(name, &state, &ppid, &pgrp) < 0)
+    if (bp__proc_stat(name, &state, &ppid, &pgrp, &flags) < 0)
         return 0;
     if (run->spec->new_session && run->pid > 0 && pgrp == (int)run->pid)
         return 1;
     /* the supervisor closing its copies of the pipes, or an orphan it kills */
     if (run->sup != NULL && (pid == bp_sup_pid(run->sup) || ppid == bp_sup_pid(run->sup)))
         return 1;
-    return ppid == (int)getpid() || bp__proc_dying(name);
+    return ppid == (int)getpid() || bp__proc_dying(name, state, flags);
 }
 #endif
 
@@ -234,9 +235,9 @@ static int64_t release_wait(struct bp_run *run, int64_t now)
  * (it defers that by a clock tick, and by tens of ms on a loaded machine): a
  * pipe no process holds is waited on until its EOF, for at most
  * BP_DRAIN_RELEASE_NS (only BP_DRAIN_PARTIAL_NS where some fd tables could not
- * be read).  A holder that the run's end killed (a member of its group, or an
- * orphan of its supervisor) is looked at again, at growing steps, within the
- * same cap.  Any other holder is an escapee, at once.
+ * be read).  A holder the run's end killed, or one on its way out, or a child of
+ * this process (killed_with_run) is looked at again, at growing steps, within
+ * the same cap.  Any other holder is an escapee, at once.
  */
 static int64_t drain_deadline(struct bp_run *run, int64_t now)
 {

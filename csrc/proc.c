@@ -29,11 +29,14 @@ ssize_t bp__read_small(const char *path, char *buf, size_t size)
     return n;
 }
 
-/* The fields of /proc/NAME/stat that we use (NAME a pid's digits). */
-static int read_stat(const char *name, char *state, int *ppid, int *pgrp, unsigned *flags)
+/* bp__proc_stat: from /proc/NAME/stat (NAME a pid's digits), the state letter, the
+ * parent's pid, the process group and the kernel's flags (flags may be NULL).  0, or -1
+ * when it cannot be read. */
+int bp__proc_stat(const char *name, char *state, int *ppid, int *pgrp, unsigned *flags)
 {
     char path[64];
     char buf[512];
+    unsigned ignored = 0;
     if (strlen(name) > 20)
         return -1;
     (void)snprintf(path, sizeof path, "/proc/%s/stat", name);
@@ -41,17 +44,10 @@ static int read_stat(const char *name, char *state, int *ppid, int *pgrp, unsign
         return -1;
     /* comm may hold spaces and parentheses: the fields resume after the last ')'. */
     char *rp = strrchr(buf, ')');
-    if (rp == NULL || sscanf(rp + 1, " %c %d %d %*d %*d %*d %u", state, ppid, pgrp, flags) != 4)
+    if (rp == NULL || sscanf(rp + 1, " %c %d %d %*d %*d %*d %u", state, ppid, pgrp,
+                             flags != NULL ? flags : &ignored) != 4)
         return -1;
     return 0;
-}
-
-/* bp__proc_stat: from /proc/NAME/stat (NAME a pid's digits), the state letter, the
- * parent's pid and the process group.  0, or -1 when it cannot be read. */
-int bp__proc_stat(const char *name, char *state, int *ppid, int *pgrp)
-{
-    unsigned flags = 0;
-    return read_stat(name, state, ppid, pgrp, &flags);
 }
 
 #define BP_PF_EXITING 0x4u  /* the kernel's PF_EXITING, in /proc/PID/stat's flags */
@@ -74,16 +70,11 @@ static int sigkill_pending(const char *name)
     return 0;
 }
 
-/* bp__proc_dying: whether process NAME is on its way out: a zombie, exiting
- * (its files not yet released), or with a SIGKILL pending that it has not yet
- * been scheduled to act on.  0 when it cannot be read. */
-int bp__proc_dying(const char *name)
+/* bp__proc_dying: whether process NAME, whose stat state and flags were just read
+ * (bp__proc_stat), is on its way out: a zombie, exiting (its files not yet released),
+ * or with a SIGKILL pending that it has not yet been scheduled to act on. */
+int bp__proc_dying(const char *name, char state, unsigned flags)
 {
-    char state = 0;
-    int ppid = 0, pgrp = 0;
-    unsigned flags = 0;
-    if (read_stat(name, &state, &ppid, &pgrp, &flags) < 0)
-        return 0;
     if (state == 'Z' || state == 'X' || state == 'x' || (flags & BP_PF_EXITING) != 0)
         return 1;
     return sigkill_pending(name);

@@ -402,7 +402,8 @@ static int kill_child_of(struct sup *s, pid_t parent, pid_t pid)
     char name[24], state = 0;
     int ppid = 0, pgrp = 0, rc = 0, ours = 0;
     snprintf(name, sizeof name, "%d", (int)pid);
-    if (bp__proc_stat(name, &state, &ppid, &pgrp) == 0 && (ppid == parent || ppid == s->self)) {
+    if (bp__proc_stat(name, &state, &ppid, &pgrp, NULL) == 0
+            && (ppid == parent || ppid == s->self)) {
         ours = 1;
 #if defined(SYS_pidfd_open) && defined(SYS_pidfd_send_signal)
         if (pfd >= 0)
