@@ -45,12 +45,13 @@ class NoThread(RuntimeError):
 class _Idle:
     """An idle thread's place in the stack: its wake-up, and the work handed to it."""
 
-    __slots__ = ("item", "wake")
+    __slots__ = ("item", "thread", "wake")
 
     def __init__(self) -> None:
         self.wake = threading.Lock()
         self.wake.acquire()  # released once, by whoever hands over work or shuts the pool down
         self.item: _Item | None = None
+        self.thread = threading.current_thread()
 
 
 class IdlePool(Executor):
@@ -131,6 +132,20 @@ class IdlePool(Executor):
             for thread in threads:
                 thread.join()
 
+    def end_idle(self) -> None:
+        """End the idle threads now and join them; busy threads, and the pool, go on.
+
+        Before ``os.fork()``: a caller that forks after its last run is then not
+        multi-threaded because of idle threads (Python 3.12+ warns of a fork with
+        threads), and the child would not have them anyway.
+        """
+        with self._lock:
+            ending, self._idle = self._idle, []
+            for idle in ending:
+                idle.wake.release()  # with no item: it ends (_wait)
+        for idle in ending:
+            idle.thread.join()
+
     def _work(self, item: _Item | None) -> None:
         idle = _Idle()
         while item is not None:
@@ -171,8 +186,9 @@ class IdlePool(Executor):
         woken = idle.wake.acquire(timeout=self._idle_seconds)
         with self._lock:
             item, idle.item = idle.item, None
-            if item is None:  # timed out, or woken by shutdown(): still on the stack
-                self._idle.remove(idle)
+            if item is None:  # timed out, or woken by shutdown() or end_idle()
+                if idle in self._idle:  # not taken off by end_idle()
+                    self._idle.remove(idle)
                 self._end()
                 return None
             if not woken:  # work came between the timeout and this lock: take it

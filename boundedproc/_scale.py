@@ -130,7 +130,15 @@ def _forget_pool_after_fork() -> None:
     _forks += 1
 
 
-os.register_at_fork(after_in_child=_forget_pool_after_fork)
+def _end_idle_before_fork() -> None:
+    # A caller that forks between runs is not left multi-threaded by idle threads
+    # (Python 3.12+ warns of a fork with threads; the child has none of them anyway).
+    pool = _async_pool
+    if pool is not None:
+        pool.end_idle()
+
+
+os.register_at_fork(before=_end_idle_before_fork, after_in_child=_forget_pool_after_fork)
 
 
 def _close_async_pool() -> None:

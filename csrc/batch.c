@@ -39,10 +39,12 @@
  * limits, affinity and scheduling as of its start.  A parked worker that is not
  * taken in time, or whose supervisor is not usable for the taker, ends and
  * frees its supervisor.  A forked child has none of them (park_child).  At the
- * process's exit they end (bp_batch_release_parked, which _native registers
- * with atexit), so that their supervisors are reaped here, not left to init:
- * a worker joins the parked list (or is counted as ending) before it leaves
- * its batch, so that when bp_batch_free returns, that handler sees them all.
+ * process's exit, and before each os.fork(), they end and their threads are
+ * joined (bp_batch_release_parked, which _native registers), so that their
+ * supervisors are reaped here, not left to init, and a forking caller is not
+ * left multi-threaded by workers it no longer uses: a worker is counted out of
+ * its batch (nloose) before it leaves it, so that when bp_batch_free returns,
+ * that handler sees them all.
  *
  * Telling the caller: every wakeup of the caller costs it a trip through the
  * scheduler and a cache gone cold, which at scale is most of its CPU a run
@@ -130,11 +132,15 @@ struct parked {
 };
 
 static int join_parked(struct parked *me, struct bp_sup *sup);
+struct worker_arg;
 static pthread_mutex_t park_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t quit_cv;      /* on CLOCK_MONOTONIC: made by park_setup */
 static struct parked *parked_head;  /* the most recently parked first */
 static int nparked;
-static int nquitting;               /* workers ending with a supervisor not yet freed */
+static int nloose;                  /* workers out of every batch (parked, or ending) that
+                                       have not yet put themselves on `ended` */
+static int noparking;               /* bp_batch_release_parked is waiting for nloose 0 */
+static struct worker_arg *ended;    /* workers about to return, for pthread_join */
 
 /* A condition variable whose timed waits count on CLOCK_MONOTONIC; 0, or an errno. */
 static int cond_init_monotonic(pthread_cond_t *cv)
@@ -162,6 +168,8 @@ static struct timespec deadline_in(int64_t ns)
 struct worker_arg {
     struct bp_batch *b;
     int index;
+    pthread_t thread;               /* Linux: set by the worker as it ends */
+    struct worker_arg *next;        /* on `ended` */
 };
 
 static void push(struct item **head, struct item **last, struct item *it)
@@ -356,17 +364,16 @@ static void unlink_parked(struct parked *me)
     }
 }
 
-/* Under its batch's lock, a worker that is leaving: onto the parked list when its
- * supervisor may serve again and there is room (see "Parked workers" above);
- * otherwise, with a supervisor to free, counted in nquitting.  Returns 1 when
- * parked. */
+/* Under its batch's lock, a worker that is leaving it, counted in nloose: onto the
+ * parked list when its supervisor may serve again and there is room (see "Parked
+ * workers" above) and nobody is ending them.  Returns 1 when parked. */
 static int join_parked(struct parked *me, struct bp_sup *sup)
 {
-    if (sup == NULL)
-        return 0;
     int parked = 0;
     pthread_mutex_lock(&park_lock);
-    if (me->cv_ok && bp_sup_reusable(sup) && nparked < MAX_PARKED) {
+    nloose++;
+    if (sup != NULL && me->cv_ok && !noparking && bp_sup_reusable(sup)
+        && nparked < MAX_PARKED) {
         me->sup = sup;
         me->b = NULL;
         me->quit = 0;
@@ -374,8 +381,6 @@ static int join_parked(struct parked *me, struct bp_sup *sup)
         parked_head = me;
         nparked++;
         parked = 1;
-    } else {
-        nquitting++;
     }
     pthread_mutex_unlock(&park_lock);
     return parked;
@@ -383,7 +388,7 @@ static int join_parked(struct parked *me, struct bp_sup *sup)
 
 /* A parked worker waits to be taken up.  Returns 1 with *b and *index set when a
  * new batch took it up; 0 when it is to end and free its supervisor (not taken
- * within PARK_NS, or told to end), counted in nquitting either way. */
+ * within PARK_NS, or told to end). */
 static int wait_parked(struct parked *me, struct bp_batch **b, int *index)
 {
     struct timespec until = deadline_in(PARK_NS);
@@ -392,7 +397,6 @@ static int wait_parked(struct parked *me, struct bp_batch **b, int *index)
         if (pthread_cond_timedwait(&me->cv, &park_lock, &until) == ETIMEDOUT
             && me->b == NULL && !me->quit) {
             unlink_parked(me);
-            nquitting++;
             break;
         }
     }
@@ -422,10 +426,10 @@ static int take_parked(struct bp_batch *b)
             b->sups[b->nthreads] = p->sup;
             b->nthreads++;
             b->attached++;
+            nloose--;
             taken = 1;
         } else {
             p->quit = 1;
-            nquitting++;
         }
         pthread_cond_signal(&p->cv);
     }
@@ -451,7 +455,12 @@ static void park_child(void)
     for (struct parked *p = parked_head; p != NULL; p = p->next)
         bp_sup_forget(p->sup);
     parked_head = NULL;
-    nparked = nquitting = 0;
+    nparked = nloose = noparking = 0;
+    while (ended != NULL) {  /* threads of the parent's: never to be joined here */
+        struct worker_arg *next = ended->next;
+        free(ended);
+        ended = next;
+    }
     pthread_mutex_init(&park_lock, NULL);
     (void)cond_init_monotonic(&quit_cv);
 }
@@ -464,32 +473,58 @@ static void park_setup(void)
 
 static pthread_once_t park_once = PTHREAD_ONCE_INIT;
 
-/* bp_batch_release_parked: tell every parked worker to end now, and wait (at
- * most about a second) until they have freed their supervisors: at the
- * process's exit (_native registers it), so that they are reaped here instead
- * of being left to init as zombies. */
+/* Join the workers that have ended (or are about to return): their threads are
+ * joinable, so that whoever must know them gone (a fork) can wait for it. */
+static void join_ended(void)
+{
+    pthread_mutex_lock(&park_lock);
+    struct worker_arg *list = ended;
+    ended = NULL;
+    pthread_mutex_unlock(&park_lock);
+    while (list != NULL) {
+        struct worker_arg *next = list->next;
+        (void)pthread_join(list->thread, NULL);
+        free(list);
+        list = next;
+    }
+}
+
+/* bp_batch_release_parked: end every worker that is out of a batch now (tell the
+ * parked ones to end; none parks meanwhile), wait (at most about a second) until
+ * each has freed its supervisor, and join their threads.  At the process's exit
+ * (_native registers it with atexit), so that the supervisors are reaped here
+ * instead of being left to init as zombies; and before os.fork() (registered
+ * with os.register_at_fork), so that a caller that forks after run_many is
+ * not multi-threaded because of us (Python 3.12+ warns of a fork with threads,
+ * and a test suite run with -W error fails on it).  Workers serving a batch are
+ * left alone. */
 void bp_batch_release_parked(void)
 {
     (void)pthread_once(&park_once, park_setup);
     pthread_mutex_lock(&park_lock);
     for (struct parked *p = parked_head; p != NULL; p = p->next) {
         p->quit = 1;
-        nquitting++;
         pthread_cond_signal(&p->cv);
     }
     parked_head = NULL;
     nparked = 0;
+    noparking++;
     struct timespec until = deadline_in(1000000000LL);
-    while (nquitting > 0 && pthread_cond_timedwait(&quit_cv, &park_lock, &until) != ETIMEDOUT)
+    while (nloose > 0 && pthread_cond_timedwait(&quit_cv, &park_lock, &until) != ETIMEDOUT)
         ;
+    noparking--;
     pthread_mutex_unlock(&park_lock);
+    join_ended();
 }
 
-/* A worker counted in nquitting has freed its supervisor. */
-static void quit_done(void)
+/* The last step of a worker out of every batch, its supervisor freed. */
+static void worker_ended(struct worker_arg *arg)
 {
+    arg->thread = pthread_self();
     pthread_mutex_lock(&park_lock);
-    if (nquitting > 0 && --nquitting == 0)
+    arg->next = ended;
+    ended = arg;
+    if (--nloose == 0)
         pthread_cond_broadcast(&quit_cv);
     pthread_mutex_unlock(&park_lock);
 }
@@ -507,10 +542,9 @@ void bp_batch_release_parked(void)
 
 static void *worker(void *p)
 {
-    struct worker_arg arg = *(struct worker_arg *)p;
-    free(p);
-    struct bp_batch *b = arg.b;
-    int index = arg.index;
+    struct worker_arg *arg = p;
+    struct bp_batch *b = arg->b;
+    int index = arg->index;
     struct bp_sup *sup = NULL;
 #ifdef __linux__
     (void)pthread_setname_np(pthread_self(), BP_BATCH_THREAD_NAME);  /* ps -L, gdb, the tests */
@@ -527,11 +561,11 @@ static void *worker(void *p)
         ;
     if (me.cv_ok)
         pthread_cond_destroy(&me.cv);  /* off the list: nobody signals it any more */
-    if (sup != NULL) {
+    if (sup != NULL)
         bp_sup_free(sup);
-        quit_done();  /* every way out with a supervisor counted it in nquitting */
-    }
+    worker_ended(arg);  /* arg is joined and freed by join_ended */
 #else
+    free(arg);
     (void)serve(b, index, &sup, NULL);
     if (sup != NULL)
         bp_sup_free(sup);
@@ -560,6 +594,7 @@ int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct b
         goto fail;
 #ifdef __linux__
     (void)pthread_once(&park_once, park_setup);
+    join_ended();  /* the workers that ended since: their threads' memory */
     b->notify[0] = b->notify[1] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (b->notify[0] < 0)
         goto fail;
@@ -589,9 +624,10 @@ fail:;
     return -1;
 }
 
-/* A worker, started detached with every signal blocked (the mask is inherited; it
- * unblocks SIGCHLD itself): bp_batch_free waits for it to leave the batch, not to
- * end (it may be parked for the next). */
+/* A worker, started with every signal blocked (the mask is inherited; it unblocks
+ * SIGCHLD itself): bp_batch_free waits for it to leave the batch, not to end (it
+ * may be parked for the next).  On Linux it is joinable (join_ended); elsewhere,
+ * detached. */
 static int start_worker(struct bp_batch *b)
 {
     struct worker_arg *arg = malloc(sizeof *arg);
@@ -605,7 +641,9 @@ static int start_worker(struct bp_batch *b)
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     (void)pthread_attr_setstacksize(&attr, 256 * 1024);
+#ifndef __linux__
     (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+#endif
     pthread_t thread;
     int rc = pthread_create(&thread, &attr, worker, arg);
     pthread_attr_destroy(&attr);

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import resource
 import select
@@ -26,6 +27,7 @@ from conftest import (
     UNDER_ASAN,
     batch_threads,
     fork_with_threads,
+    importable_env,
     wait_dead,
     wait_for,
     wait_for_pids,
@@ -730,6 +732,47 @@ def test_run_async_in_a_forked_child_uses_a_pool_of_its_own(fresh_async_pool: No
     os.waitpid(pid, 0)
     assert data == b"child\n"
     assert asyncio.run(run_async(["echo", "parent"], timeout=30)).stdout == b"parent\n"
+
+
+# After its runs, a caller forks: at the fork, the process has no thread but the caller's
+# (each after_in_parent hook counts /proc/self/task, and Python 3.12+ warns of a fork with
+# threads): run_many's parked workers and run_async's idle threads end before a fork.
+FORK_AFTER_RUNS = """
+import asyncio, json, os, sys, warnings
+from boundedproc import run_async, run_many
+counts = []
+os.register_at_fork(after_in_parent=lambda: counts.append(len(os.listdir("/proc/self/task"))))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(3):
+        if sys.argv[1] == "run_async":
+            async def main():
+                return await asyncio.gather(*(run_async(["true"], timeout=30) for _ in range(3)))
+            assert all(r.ok for r in asyncio.run(main()))
+        else:
+            contain = sys.argv[1] == "run_many"
+            assert all(r.ok for r in run_many([["true"]] * 6, jobs=3, contain=contain))
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+print(json.dumps({"threads": counts, "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+@pytest.mark.parametrize("how", ["run_many", "run_many_uncontained", "run_async"])
+def test_a_caller_that_forks_after_its_runs_is_single_threaded_again(how: str) -> None:
+    """run_many's parked workers (and their supervisors) and run_async's idle threads
+    end before os.fork(), and their threads are joined: the fork finds the caller's
+    thread alone, and Python 3.12+ has no thread to warn about."""
+    if how == "run_many" and not CONTAIN_SUPPORTED:
+        pytest.skip("containment needs Linux with a subreaper")
+    done = subprocess.run([PY, "-c", FORK_AFTER_RUNS, how], env=importable_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got == {"threads": [1, 1, 1], "warnings": []}
 
 
 def test_async_pool_without_a_new_thread_queues_for_a_busy_one(
