@@ -477,8 +477,8 @@ def _job(cmd: Command, options: dict[str, Any]) -> Job:
 def _per_command(item: Any, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The command and the options run() gets for one input item.
 
-    The shared ``shell=`` applies to strings only; a ``Job``'s own options
-    override the shared ones, its own ``shell=`` included.
+    A ``Job``'s own options override the shared ones, its own ``shell=``
+    included (``Job(vector, shell=False)`` under a shared ``shell=``).
 
     Raises:
         TypeError: a ``Job`` that sets ``text``.
@@ -493,15 +493,7 @@ def _per_command(item: Any, options: dict[str, Any]) -> tuple[Any, dict[str, Any
         if unknown:
             raise unknown_keyword(dict.fromkeys(unknown), "Job")
         item = item.cmd
-    cmd = _one_shot(item)
-    if "shell" not in own and _shell_off(cmd, options):
-        options = {**options, "shell": False}
-    return cmd, {**options, **own}
-
-
-def _shell_off(cmd: Any, options: Mapping[str, Any]) -> bool:
-    """Whether a shared ``shell=`` is off for ``cmd``: it applies to strings only."""
-    return not isinstance(cmd, str) and bool(options.get("shell"))
+    return _one_shot(item), {**options, **own}
 
 
 @overload
@@ -594,16 +586,18 @@ def run_many(
 
     Args:
         cmds: Commands; each is a string (run with ``shell=``), an argument
-            vector (always run without the shared ``shell=``, so strings and
-            vectors can be mixed), or a ``Job`` whose options override the
-            shared ones for that run (its cwd, stdin, env, timeout, ...).
+            vector, or a ``Job`` whose options override the shared ones for
+            that run (its cwd, stdin, env, timeout, shell, ...).  As in
+            ``run()``, a vector with a truthy ``shell=`` is a caller bug
+            (``ValueError`` in its turn): to mix strings and vectors, pass
+            ``shell=`` for the strings and each vector as
+            ``Job(vector, shell=False)``.
         jobs: Most commands running at once (>= 1).
         progress: Show a tqdm progress bar on stderr, advanced as results are
             yielded, when tqdm is importable (the ``cli`` extra); nothing
             otherwise.
-        shell: As for ``run()``, for the commands that are strings:
-            ``True`` runs them with ``/bin/sh -c``, a program name or path
-            with that shell. Default ``False``.
+        shell: As for ``run()``: ``True`` runs each string with ``/bin/sh
+            -c``, a program name or path with that shell. Default ``False``.
         timeout: Seconds from the spawn to the deadline; ``None`` for none.
             Default 600.
         max_output: Bytes kept across stdout and stderr together; ``None`` for
@@ -936,8 +930,7 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
                     slot = _BatchSlot(cmd, shell, validate(**opts), switch)
                 else:  # the shared options, which _many found batchable
                     cmd = _one_shot(item)
-                    shell = False if _shell_off(cmd, options) else options["shell"]
-                    slot = _BatchSlot(cmd, shell, validated_shared(), switch)
+                    slot = _BatchSlot(cmd, options["shell"], validated_shared(), switch)
             except (TypeError, ValueError) as err:
                 pending.append(_Raise(err))
                 more = False

@@ -194,12 +194,12 @@ def test_run_many_one_failure_does_not_stop_the_rest() -> None:
     cmds: list[Any] = [
         ["echo", "first"],
         ["/nonexistent/program"],
-        "exit 3",
-        "sleep 30",
+        ["/bin/sh", "-c", "exit 3"],
+        ["sleep", "30"],
         [PY, "-c", "import sys; sys.stdout.write('x' * 100000)"],
         ["echo", "last"],
     ]
-    results = list(run_many(cmds, jobs=2, shell=True, timeout=1.5, max_output=1000))
+    results = list(run_many(cmds, jobs=2, timeout=1.5, max_output=1000))
     assert len(results) == len(cmds)
     first, missing, three, slow, flood, last = results
     assert first.ok and first.stdout == b"first\n"
@@ -211,13 +211,27 @@ def test_run_many_one_failure_does_not_stop_the_rest() -> None:
     assert last.ok and last.stdout == b"last\n"
 
 
-def test_run_many_mixes_strings_and_vectors() -> None:
-    """A string runs with the given shell; a vector runs without one, whatever shell= says."""
-    results = list(run_many(["echo $((1 + 2))", ["echo", "$((1 + 2))"]], shell="sh",
-                            timeout=30))
+def test_run_many_mixes_strings_and_vectors_through_job() -> None:
+    """A string runs with the shared shell; a vector runs without one as a Job(shell=False)."""
+    results = list(run_many(["echo $((1 + 2))", Job(["echo", "$((1 + 2))"], shell=False)],
+                            shell="sh", timeout=30))
     assert [r.stdout for r in results] == [b"3\n", b"$((1 + 2))\n"]
     assert results[0].args == ("sh", "-c", "echo $((1 + 2))")
     assert results[1].args == ("echo", "$((1 + 2))")
+
+
+@pytest.mark.parametrize("shell", [True, "bash"])
+def test_run_many_a_vector_with_a_shared_shell_is_a_caller_bug_in_its_turn(
+        shell: bool | str, tmp_path: Path) -> None:
+    """SPEC 2.1: a sequence with a truthy shell is a ValueError, in run_many too: the
+    results before it are yielded, it raises in its turn, and it never runs."""
+    marker = tmp_path / "ran"
+    it = run_many(["echo first", ["touch", str(marker)], "echo never"], shell=shell,
+                  jobs=2, timeout=30)
+    assert next(it).stdout == b"first\n"
+    with pytest.raises(ValueError, match="shell"):
+        next(it)
+    assert not marker.exists()
 
 
 def test_run_many_passes_options_to_every_command() -> None:
@@ -269,14 +283,14 @@ def test_run_many_asks_a_shared_stdout_object_for_its_fd_at_each_command(
         f"{i}\n".encode() for i in range(4)]
 
 
-def test_run_many_mixes_strings_and_vectors_with_shared_options_kept() -> None:
+def test_run_many_vector_with_a_shared_shell_past_the_kept_options() -> None:
     """Past the second command the shared (plain) options are no longer validated again:
-    a shared ``shell=`` still applies to strings only."""
-    cmds: list[str | list[str]] = ["echo $((1 + 2))", ["echo", "$((1 + 2))"]] * 4
-    results = list(run_many(cmds, shell="sh", jobs=2, timeout=30))
-    assert [r.stdout for r in results] == [b"3\n", b"$((1 + 2))\n"] * 4
-    assert [r.args for r in results] == [("sh", "-c", "echo $((1 + 2))"),
-                                         ("echo", "$((1 + 2))")] * 4
+    a vector under a shared ``shell=`` is still refused in its turn."""
+    cmds: list[str | list[str]] = ["echo $((1 + 2))"] * 5 + [["echo", "$((1 + 2))"]]
+    it = run_many(cmds, shell="sh", jobs=2, timeout=30)
+    assert [next(it).stdout for _ in range(5)] == [b"3\n"] * 5
+    with pytest.raises(ValueError, match="shell"):
+        next(it)
 
 
 def test_run_many_rejects_bad_options_before_reading_input() -> None:
@@ -957,12 +971,15 @@ def test_per_job_on_output_sees_that_jobs_output() -> None:
 
 
 def test_job_shell_is_its_own_or_the_shared_one() -> None:
-    """A Job's string runs with its own shell=, else the shared one; vectors never get it."""
-    results = list(run_many([Job("echo $((6*7))"), Job(["echo", "v"]),
+    """A Job runs with its own shell=, else the shared one (a vector Job under a shared
+    shell is refused as run() refuses it)."""
+    results = list(run_many([Job("echo $((6*7))"), Job(["echo", "v"], shell=False),
                              Job("echo own", shell="/bin/sh")], shell=True, timeout=30))
     assert [r.stdout for r in results] == [b"42\n", b"v\n", b"own\n"]
     with pytest.raises(ValueError, match="shell"):
         next(run_many([Job("echo no shell")], timeout=30))
+    with pytest.raises(ValueError, match="shell"):
+        next(run_many([Job(["echo", "v"])], shell=True, timeout=30))
 
 
 def test_job_is_frozen_comparable_and_picklable() -> None:
