@@ -713,12 +713,13 @@ class _Timeout:
             sig = self.term_signal
         else:
             sig = received
-        if self.kill_after > 0:
-            # The first signal sent starts -k's clock; what is sent when it
-            # (or a later deadline) expires is KILL.
+        kill_after, self.kill_after = self.kill_after, 0.0
+        if kill_after > 0:
+            # The first signal sent starts -k's clock; what is sent when it (or a
+            # later deadline) expires is KILL.  The clock is armed last, as
+            # coreutils does, once this signal is sent: a -k of a microsecond
+            # fires at once, and its alarm runs this again (for the KILL).
             self.term_signal = signal.SIGKILL
-            self.schedule(self.kill_after, -1)
-            self.kill_after = 0.0
         if self.args.verbose:
             name = signal_name(sig) or str(sig)
             self.say(f"sending signal {name} to command {quote(self.args.command[0], self.utf8)}")
@@ -729,6 +730,8 @@ class _Timeout:
         if not self.args.foreground and sig not in (signal.SIGKILL, signal.SIGCONT):
             # A stopped command acts on the signal only once continued.
             self.control.send_signal(signal.SIGCONT)
+        if kill_after > 0:
+            self.schedule(kill_after, -1)
 
     def on_stop(self, signum: int, frame: FrameType | None) -> None:
         """Ctrl-Z: stop COMMAND, then stop here; when continued, continue it."""

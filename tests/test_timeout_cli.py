@@ -224,6 +224,8 @@ STATUSES = [
     (["1", "/"], 126),
     (["1", "/no/such/program"], 127),
     (["-k", "0.2", "0.2", "sh", "-c", "trap '' TERM; sleep 30"], 137),
+    (["-k", "1e-6", "0.2", "sh", "-c", "trap '' TERM; sleep 30"], 137),  # fires at once
+    (["-k", "5e-324", "0.2", "sh", "-c", "trap '' TERM; sleep 30"], 137),
     (["-s", "KILL", "0.2", "sleep", "30"], 137),
     (["5", "sh", "-c", "exit 7"], 7),
     (["--preserve-status", "0.2", "sleep", "30"], 143),
@@ -409,6 +411,9 @@ def test_verbose_messages() -> None:
         (["-v", "-k", "0.2", "0.2", "sh", "-c", "trap '' TERM; sleep 30"], env_c(),
          (b"timeout: sending signal TERM to command 'sh'\n"
           b"timeout: sending signal KILL to command 'sh'\n")),
+        (["-v", "-k", "1e-6", "0.2", "sh", "-c", "trap '' TERM; sleep 30"], env_c(),
+         (b"timeout: sending signal TERM to command 'sh'\n"
+          b"timeout: sending signal KILL to command 'sh'\n")),
         (["-v", "0.2", "sleep", "30"], env_c(LC_ALL="C.UTF-8"),
          "timeout: sending signal TERM to command \u2018sleep\u2019\n".encode()),
     ]
@@ -457,6 +462,17 @@ def test_kill_after_counts_from_a_forwarded_signal(started: Callable[..., Starte
     run.signal(signal.SIGTERM)
     status, _, _ = run.finish()
     assert status == 137 and time.monotonic() - began < 20
+
+
+def test_a_kill_after_of_a_microsecond_from_a_forwarded_signal(
+        started: Callable[..., Started]) -> None:
+    """-k 1e-6 fires within the signal's own handling: KILL follows at once, no recursion."""
+    run = started("-k", "1e-6", "30", "sh", "-c", "trap '' TERM; echo ready; sleep 30")
+    assert run.line() == b"ready"
+    run.signal(signal.SIGTERM)
+    status, _, err = run.finish()
+    assert status == 137, err
+    assert b"Error" not in err
 
 
 # --- signals received ---------------------------------------------------------------
