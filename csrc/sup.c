@@ -360,7 +360,7 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
         errno = e;
         return -1;
     }
-    if (bp__lift_pair(sv) < 0 || pipe2(ep, O_CLOEXEC) < 0) {
+    if (bp__lift_pair(sv) < 0 || pipe2(ep, O_CLOEXEC | O_NONBLOCK) < 0) {
         int e = errno;
         bp__close_fd(&sv[0]);
         bp__close_fd(&sv[1]);
@@ -417,11 +417,18 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
      * would need the whole pid space to wrap). */
     sup->pidfd = bp__lift_fd((int)syscall(SYS_pidfd_open, pid, 0));
 #endif
+    /* Never a blocking read to EOF: another thread's fork() between the pipe2 and
+     * the close of ep[1] above leaves a copy of ep[1] in that child for as long
+     * as it lives (a multiprocessing worker: the run then waited for it, past
+     * every bound).  No need: the supervisor was started as a vfork child, so
+     * we resumed only once it had exec'd or, failing that, written its report. */
     int e[2] = {0, 0};
     ssize_t n;
     do {
         n = read(ep[0], e, sizeof e);
     } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        n = 0;  /* EAGAIN: nothing written, the exec went through */
     bp__close_fd(&ep[0]);
     int fail_stage = 0, fail_err = 0;
     struct bp_sup_msg m;

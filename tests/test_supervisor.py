@@ -1129,3 +1129,40 @@ def test_a_supervisor_lost_before_the_start_is_a_spawn_failure(spawned: bool) ->
         assert err.startswith("runner failed: ") and err.endswith("the run's group was killed")
     else:
         assert err.startswith("spawn failed: ") and err.endswith("the command never started")
+
+
+# A thread's first contained run starts its supervisor while another thread forks a child
+# that lives on (a multiprocessing "fork" worker): that child has a copy of the pipe the
+# supervisor's exec is reported on.
+FORK_DURING_SUPERVISOR_START = """
+import json, os, threading, time, warnings
+warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: a fork with threads
+from boundedproc import run
+took = []
+def first_run():
+    began = time.monotonic()
+    r = run(["echo", "ok"], timeout=1, drain_grace=1)
+    took.append((time.monotonic() - began, r.stdout.decode(), r.exit_code))
+t = threading.Thread(target=first_run)
+t.start()
+pid = os.fork()
+if pid == 0:
+    time.sleep(20)
+    os._exit(0)
+t.join()
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+print(json.dumps(took))
+"""
+
+
+def test_a_fork_while_a_supervisor_starts_does_not_hold_the_run() -> None:
+    """A child forked (by another thread) while a supervisor starts holds a copy of the
+    pipe its exec is reported on: the run waited for that child's exit (20 s here, past
+    every bound); the report is read without waiting for the pipe's EOF now."""
+    for _ in range(3):
+        done = child_python(FORK_DURING_SUPERVISOR_START)
+        assert done.returncode == 0, done.stderr
+        ((took, out, code),) = json.loads(done.stdout)
+        assert (out, code) == ("ok\n", 0)
+        assert took < 5, f"the first run took {took:.1f} s"
