@@ -964,6 +964,6 @@ os.register_at_fork(after_in_child=_forget_batches_after_fork)
 # At exit, the workers batch.c parked with their supervisors (for a next run_many call) end
 # and free them, so that they are reaped here and not left to init as zombies.  Before a
 # fork too, and their threads are joined: the forking caller is then single-threaded again
-# (Python 3.12+ warns of a fork with threads; under -W error that warning is an error).
+# (Python 3.12+ warns of a fork with threads, "may lead to deadlocks in the child").
 atexit.register(lib.bp_batch_release_parked)
 os.register_at_fork(before=lib.bp_batch_release_parked)

@@ -29,13 +29,27 @@ It is a ``concurrent.futures.Executor``, so ``shutdown`` works as with any other
 from __future__ import annotations
 
 import itertools
+import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
 _Item = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+def _wait_gone(native_id: int | None, within: float = 0.1) -> None:
+    """Wait (at most ``within`` seconds) until the OS thread ``native_id`` has left the
+    process: before 3.13, ``Thread.join()`` returns when the thread's Python state is
+    gone, a moment before the thread itself (which a fork then still counts)."""
+    task = f"/proc/self/task/{native_id}"
+    if native_id is None or not os.path.isdir("/proc/self/task"):
+        return
+    until = time.monotonic() + within
+    while os.path.exists(task) and time.monotonic() < until:
+        time.sleep(0.0002)
 
 
 class NoThread(RuntimeError):
@@ -139,12 +153,21 @@ class IdlePool(Executor):
         multi-threaded because of idle threads (Python 3.12+ warns of a fork with
         threads), and the child would not have them anyway.
         """
-        with self._lock:
+        # Best effort, bounded: a fork from a signal handler that interrupted this very
+        # thread inside submit() finds the lock held by itself, and must not wait for it.
+        if not self._lock.acquire(timeout=0.1):
+            return
+        try:
+            if self._closed:  # shutdown() woke them already (interpreter exit)
+                return
             ending, self._idle = self._idle, []
             for idle in ending:
                 idle.wake.release()  # with no item: it ends (_wait)
+        finally:
+            self._lock.release()
         for idle in ending:
-            idle.thread.join()
+            idle.thread.join(1.0)
+            _wait_gone(idle.thread.native_id)
 
     def _work(self, item: _Item | None) -> None:
         idle = _Idle()

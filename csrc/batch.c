@@ -495,8 +495,8 @@ static void join_ended(void)
  * (_native registers it with atexit), so that the supervisors are reaped here
  * instead of being left to init as zombies; and before os.fork() (registered
  * with os.register_at_fork), so that a caller that forks after run_many is
- * not multi-threaded because of us (Python 3.12+ warns of a fork with threads,
- * and a test suite run with -W error fails on it).  Workers serving a batch are
+ * not multi-threaded because of us (Python 3.12+ warns of a fork with threads:
+ * "may lead to deadlocks in the child").  Workers serving a batch are
  * left alone. */
 void bp_batch_release_parked(void)
 {

@@ -789,6 +789,30 @@ def test_a_caller_that_forks_after_its_runs_is_single_threaded_again(how: str) -
     assert got == {"threads": [1, 1, 1], "warnings": []}
 
 
+def test_async_pool_end_idle_joins_idle_threads_and_is_best_effort() -> None:
+    """end_idle() (before a fork) ends and joins the idle threads, the pool goes on; with
+    its lock held by the calling thread itself (a fork from a signal handler that
+    interrupted submit()) it gives up instead of deadlocking; after shutdown() (which woke
+    them already) it releases nothing twice."""
+    pool = IdlePool(4, 30.0, "test-pool")
+    assert [f.result(10) for f in [pool.submit(lambda k=k: k) for k in range(3)]] == [0, 1, 2]
+    assert pool.threads() >= 1
+    pool.end_idle()
+    assert pool.threads() == 0
+    assert not [t for t in threading.enumerate() if t.name.startswith("test-pool")]
+    assert pool.submit(lambda: 7).result(10) == 7  # a new thread
+    pool._lock.acquire()  # as a signal handler inside submit() would find it
+    try:
+        began = time.monotonic()
+        pool.end_idle()
+        assert time.monotonic() - began < 5
+    finally:
+        pool._lock.release()
+    pool.shutdown(wait=False)
+    pool.end_idle()  # no "release unlocked lock"
+    pool.shutdown()
+
+
 def test_async_pool_without_a_new_thread_queues_for_a_busy_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A thread that cannot start: the work waits for a busy thread of the pool; with no
