@@ -302,6 +302,8 @@ int bp_signal(struct bp_run *run, int sig)
 
 /* How long finish() waits for the group's killed processes to be dead. */
 #define BP_DYING_CAP_NS 250000000LL
+/* How long only kill(-pgid, 0) is asked, before /proc is read. */
+#define BP_DYING_QUICK_NS 2000000LL
 
 /*
  * The run's group was SIGKILLed and its leader reaped, but a member can still
@@ -309,8 +311,11 @@ int bp_signal(struct bp_run *run, int sig)
  * a zombie: 2% of 40 background sleepers, uncontained).  "No process of the
  * group outlives the call" (SPEC 2.2): wait until none is running, for at
  * most BP_DYING_CAP_NS.  One kill(-pgid, 0) when the group is gone (the usual
- * case, and always when contained: the supervisor reaped them all); a look
- * at /proc only when some member, zombie or not, is still there.
+ * case, and always when contained: the supervisor reaped them all).  While
+ * some member, zombie or not, is there, kill(-pgid, 0) is asked again for a
+ * few ms (the members' orphans are zombies until init reaps them, which it
+ * does at once), and only then is /proc looked at (tens of ms on a host with
+ * thousands of processes), for a member that is not a zombie.
  */
 static void wait_group_dead(struct bp_run *run)
 {
@@ -318,8 +323,17 @@ static void wait_group_dead(struct bp_run *run)
         return;
     if (kill(-run->pid, 0) < 0)
         return;
-    int64_t until = bp__now_ns() + BP_DYING_CAP_NS;
+    int64_t began = bp__now_ns();
+    int64_t until = began + BP_DYING_CAP_NS;
     long step_ns = 100000;
+    while (bp__now_ns() < began + BP_DYING_QUICK_NS) {
+        struct timespec ts = {0, step_ns};
+        (void)nanosleep(&ts, NULL);
+        if (kill(-run->pid, 0) < 0)
+            return;
+        if (step_ns < 1000000)
+            step_ns *= 2;
+    }
     while (bp_group_alive((int)run->pid) && bp__now_ns() < until) {
         struct timespec ts = {0, step_ns};
         (void)nanosleep(&ts, NULL);
