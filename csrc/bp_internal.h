@@ -134,6 +134,8 @@ int bp__spawn(struct bp_run *run);
 int bp__lift_pair(int p[2]);
 int bp__lift_fd(int fd);
 int bp__make_pipe(int p[2]);
+void bp__fork_guard(void);
+void bp__fork_unguard(void);
 int bp__set_nonblock(int fd);
 void bp__spawn_failed(struct bp_run *run, int stage, int err);
 #ifdef __linux__

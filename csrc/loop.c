@@ -535,8 +535,10 @@ int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_sup *s
     res->stdout_gap = res->stderr_gap = -1;
     *out = run;
 
+    bp__fork_guard();  /* until the child's ends are closed: spawn.c, "The fork guard" */
     bp__spawn(run);
     if (!res->spawned) {
+        bp__fork_unguard();
         run->phase = BP_PHASE_DONE;
         return 0;
     }
@@ -551,6 +553,7 @@ int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_sup *s
         res->stdin_delivered = 1;
         close_stdin(run);
     }
+    bp__fork_unguard();
 
     if (start_exit_watch(run) < 0) {
         /* Started but unwatchable: end it at once rather than run blind. */

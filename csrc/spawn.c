@@ -56,6 +56,62 @@ int bp__lift_pair(int p[2])
     return 0;
 }
 
+/*
+ * The fork guard.  Close-on-exec keeps a run's pipes out of every exec'd
+ * program, but not out of a child another thread fork()s and that does not
+ * exec (a multiprocessing "fork" worker): one forked while a run's pipes are
+ * being set up keeps the child's ends (the run's stdout then never reaches
+ * EOF: `escaped`) or the stdin's write end (a `cat` never sees EOF: 124) for
+ * as long as it lives.  So the few microseconds from a run's first pipe to the
+ * close of the child's ends (and of a stdin whose payload the pipe took) are
+ * held as readers of a lock that fork() takes as writer (pthread_atfork:
+ * os.fork() waits for the runs being set up; vfork, clone and posix_spawn
+ * run no fork handlers, so no spawn of ours ever waits on it).  Writers
+ * first, so that runs starting back to back on many threads never keep a
+ * fork waiting.  As Go's syscall.ForkLock.  A run's stdin whose payload is
+ * still being written, and the read ends we keep, stay a fork's to copy.
+ */
+static pthread_rwlock_t fork_guard;
+static pthread_once_t fork_guard_once = PTHREAD_ONCE_INIT;
+static int fork_guard_ok;
+
+static void fork_guard_prepare(void)
+{
+    pthread_rwlock_wrlock(&fork_guard);
+}
+
+static void fork_guard_release(void)
+{
+    pthread_rwlock_unlock(&fork_guard);  /* parent and child: the forking thread holds it */
+}
+
+static void fork_guard_init(void)
+{
+    pthread_rwlockattr_t attr;
+    if (pthread_rwlockattr_init(&attr) != 0)
+        return;
+#ifdef PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP
+    (void)pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+#endif
+    fork_guard_ok = pthread_rwlock_init(&fork_guard, &attr) == 0
+                    && pthread_atfork(fork_guard_prepare, fork_guard_release,
+                                      fork_guard_release) == 0;
+    (void)pthread_rwlockattr_destroy(&attr);
+}
+
+void bp__fork_guard(void)
+{
+    (void)pthread_once(&fork_guard_once, fork_guard_init);
+    if (fork_guard_ok)
+        pthread_rwlock_rdlock(&fork_guard);
+}
+
+void bp__fork_unguard(void)
+{
+    if (fork_guard_ok)
+        pthread_rwlock_unlock(&fork_guard);
+}
+
 /* A close-on-exec pipe, both ends above stdio. */
 int bp__make_pipe(int p[2])
 {

@@ -353,8 +353,10 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
     }
     sup->pidfd = -1;
     int sv[2], ep[2] = {-1, -1};
+    bp__fork_guard();  /* until the supervisor's ends are closed (spawn.c) */
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
         int e = errno;
+        bp__fork_unguard();
         free(sup);
         *stage = BP_STAGE_PIPE;
         errno = e;
@@ -364,6 +366,7 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
         int e = errno;
         bp__close_fd(&sv[0]);
         bp__close_fd(&sv[1]);
+        bp__fork_unguard();
         free(sup);
         *stage = BP_STAGE_PIPE;
         errno = e;
@@ -400,6 +403,7 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
     bp__close_fd(&sv[1]);
     bp__close_fd(&ep[1]);
     bp__close_fd(&page_fd);  /* the mapping stays */
+    bp__fork_unguard();
     if (pid < 0) {
         bp__close_fd(&sv[0]);
         bp__close_fd(&ep[0]);

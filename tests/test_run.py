@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import pickle
@@ -17,7 +18,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SIGINT_PRELUDE, alive, group_members, pids_in, wait_dead, wait_for_pids
+from conftest import (
+    SIGINT_PRELUDE,
+    alive,
+    group_members,
+    importable_env,
+    pids_in,
+    wait_dead,
+    wait_for_pids,
+)
 
 import boundedproc
 from boundedproc import Cancel, ProcessFailed, Result, run
@@ -87,6 +96,54 @@ def test_no_process_of_the_group_is_running_when_run_returns(contain: bool | Non
         assert len(pids) == 40, r
         left += [p for p in pids if _running(p)]
     assert left == []
+
+
+# Another thread fork()s children that live on without exec (multiprocessing "fork"
+# workers) while runs start: none of them may keep a copy of a run's pipes.
+FORKS_DURING_RUNS = """
+import json, os, sys, threading, time, warnings
+warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: a fork with threads
+from boundedproc import run
+contain = sys.argv[1] == "contained"
+bad, count, done = [], [0], threading.Event()
+def checks():
+    while not done.is_set():
+        r = run(["cat"], stdin=b"data", timeout=1, drain_grace=0.5, contain=contain)
+        count[0] += 1
+        if not (r.ok and r.stdout == b"data") or r.duration > 0.5:
+            bad.append([round(r.duration, 2), r.exit_code, r.timed_out, r.escaped])
+t = threading.Thread(target=checks)
+t.start()
+kids = []
+for _ in range(150):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(3)
+        os._exit(0)
+    kids.append(pid)
+    time.sleep(0.02)
+done.set()
+t.join()
+for pid in kids:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+print(json.dumps({"runs": count[0], "bad": bad}))
+"""
+
+
+@pytest.mark.parametrize("how", ["uncontained", "contained"])
+def test_a_child_forked_while_runs_start_keeps_none_of_their_pipes(how: str) -> None:
+    """A fork (by another thread) while a run's pipes were set up left the child's ends,
+    or the stdin's write end, in the forked child: the run's stdout never reached EOF
+    (escaped) or `cat` never saw its stdin's (124). fork() now waits for the few
+    microseconds a run takes to set them up (spawn.c, "The fork guard")."""
+    if how == "contained" and boundedproc.containment_status() != "available":
+        pytest.skip("no containment here")
+    done = subprocess.run([PY, "-c", FORKS_DURING_RUNS, how], env=importable_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["runs"] >= 3 and got["bad"] == [], got
 
 
 def test_setsid_escapee_sets_escaped(reaper: list[int]) -> None:
