@@ -8,6 +8,7 @@ the OS except ``Stream`` targets' ``fileno()``.
 from __future__ import annotations
 
 import enum
+import io
 import math
 import os
 import signal
@@ -232,7 +233,10 @@ def stdio_fd(name: str, value: object) -> int:
     is ``NOT_AN_FD``: content, reported in the result like a closed fd.
 
     Raises:
-        TypeError: a wrong type, or one of subprocess's constants.
+        TypeError: a wrong type, one of subprocess's constants, or an object
+            that has no fd at all (``fileno()`` raises ``io.UnsupportedOperation``:
+            ``io.StringIO``, ``sys.stdout`` under pytest's capture), as
+            ``subprocess`` refuses it.
         ValueError: a negative fd.
     """
     if value is CAPTURE:
@@ -254,6 +258,9 @@ def stdio_fd(name: str, value: object) -> int:
     if callable(fileno):
         try:
             fd = fileno()
+        except io.UnsupportedOperation as err:  # io.StringIO, pytest's capsys: no fd at all
+            raise TypeError(f"{name}: {type(value).__name__} has no file descriptor ({err}); "
+                            "capture the output (the default) or pass on_output=") from None
         except (OSError, ValueError):  # a closed file object raises ValueError
             return NOT_AN_FD
         if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import io
 import json
 import os
 import random
@@ -450,6 +451,17 @@ def test_closed_file_object_target_is_a_spawn_failure(tmp_path: Path) -> None:
     assert (r.spawned, r.exit_code) == (False, 127)
     assert r.runner_error is not None and r.runner_error.startswith("spawn failed: EBADF")
     assert "stdout (not an open fd)" in r.runner_error
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_an_object_with_no_fd_at_all_is_a_type_error(stream: str) -> None:
+    """io.StringIO (or sys.stdout under pytest's capsys), whose fileno() raises
+    io.UnsupportedOperation, is a caller bug raised before anything runs (SPEC 2.6), as
+    subprocess raises it; it was a `spawn failed: EBADF` result a grader read as unrunnable."""
+    with pytest.raises(TypeError, match="has no file descriptor"):
+        run(["echo", "x"], **{stream: io.StringIO()}, timeout=30)
+    with pytest.raises(TypeError, match="has no file descriptor"):
+        list(run_many([["echo", "x"]], **{stream: io.StringIO()}, timeout=30))
 
 
 @pytest.mark.parametrize("fd", [10_000, 2**31, 2**64])
