@@ -250,13 +250,39 @@ def _refuse(stage: int, err: int) -> None:
 def _supervisor_environment() -> tuple[Any, list[Any]]:
     """The caller's environment as of now (the snapshot a run's child gets with
     ``env=None``), as a ``char *[]`` for the supervisor's exec, and what it points
-    to (to be kept alive until the exec is done)."""
+    to (to be kept alive until the exec is done).
+
+    The supervisor needs none of it (each run's environment comes with the run)
+    but what the loader and the sanitizers read; an environment too large for
+    any exec (a caller that keeps a huge one for ``env_mode="replace"`` runs)
+    would refuse every supervisor its exec (E2BIG), so the supervisor then gets
+    only ``LD_*`` and ``*SAN_OPTIONS``."""
     from boundedproc._command import NotSpawned, environment
 
     env = environment([], "merge")
     assert not isinstance(env, NotSpawned)  # no entries of ours to refuse
+    entries = env[0]
+    if _too_big_to_exec(entries):
+        entries = [e for e in entries
+                   if e.startswith(b"LD_") or e.split(b"=", 1)[0].endswith(b"SAN_OPTIONS")]
     keep: list[Any] = []
-    return _cenvp(env[0], keep), keep
+    return _cenvp(entries, keep), keep
+
+
+def _too_big_to_exec(entries: Sequence[bytes]) -> bool:
+    """Whether execve would refuse these environment entries (E2BIG): one longer than
+    the kernel takes (MAX_ARG_STRLEN, 128 KiB on Linux), or all of them, with their
+    pointers, near the system's ARG_MAX."""
+    try:
+        arg_max = os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError):
+        arg_max = 1 << 21
+    total = 0
+    for e in entries:
+        if len(e) >= 131072:
+            return True
+        total += len(e) + 1 + 8
+    return total > arg_max - 65536  # room for the argv and the loader's auxv
 
 
 def _acquire(explicit: bool) -> _Supervisor | _StartFailure | None:

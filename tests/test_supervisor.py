@@ -1166,3 +1166,29 @@ def test_a_fork_while_a_supervisor_starts_does_not_hold_the_run() -> None:
         ((took, out, code),) = json.loads(done.stdout)
         assert (out, code) == ("ok\n", 0)
         assert took < 5, f"the first run took {took:.1f} s"
+
+
+def test_a_caller_environment_too_large_to_exec_leaves_replace_mode_runs_contained() -> None:
+    """A caller whose own environment no exec would take (3 MB) can still run contained
+    commands with env_mode="replace": the supervisor was exec'd with that environment and
+    every contained run was `spawn failed: E2BIG` for the supervisor program. A merge-mode
+    run is the command's own E2BIG, for the command."""
+    done = child_python("""
+        import json, os
+        for i in range(30):
+            os.environ[f"BP_BIG{i}"] = "x" * 100000
+        from boundedproc import run, run_many
+        clean = {"PATH": "/usr/bin:/bin"}
+        one = run(["sh", "-c", "echo $PPID"], env=clean, env_mode="replace", contain=True)
+        many = list(run_many([["echo", "m"]] * 2, env=clean, env_mode="replace", contain=True))
+        merged = run(["echo", "hi"], contain=True)
+        print(json.dumps([one.exit_code, one.runner_error, one.stdout.decode(),
+                          [(r.exit_code, r.runner_error) for r in many],
+                          merged.exit_code, merged.runner_error]))
+    """)
+    assert done.returncode == 0, done.stderr
+    code, error, out, many, merged_code, merged_error = json.loads(done.stdout)
+    assert (code, error) == (0, None) and int(out) > 1  # a supervisor's child
+    assert many == [[0, None], [0, None]]
+    assert merged_code == 127 and merged_error.startswith("spawn failed: E2BIG")
+    assert "'echo'" in merged_error and "supervisor" not in merged_error
