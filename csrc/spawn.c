@@ -80,23 +80,38 @@ static void fork_guard_prepare(void)
     pthread_rwlock_wrlock(&fork_guard);
 }
 
-static void fork_guard_release(void)
+static void fork_guard_parent(void)
 {
-    pthread_rwlock_unlock(&fork_guard);  /* parent and child: the forking thread holds it */
+    pthread_rwlock_unlock(&fork_guard);
+}
+
+/* The lock, made (again): writers first. */
+static int fork_guard_make(void)
+{
+    pthread_rwlockattr_t attr;
+    if (pthread_rwlockattr_init(&attr) != 0)
+        return 0;
+#ifdef PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP
+    (void)pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+#endif
+    int ok = pthread_rwlock_init(&fork_guard, &attr) == 0;
+    (void)pthread_rwlockattr_destroy(&attr);
+    return ok;
+}
+
+/* In the child the lock is made anew, never unlocked: glibc knows its writer by
+ * thread id, which the child's one thread does not share with the forking one
+ * (an unlock there is taken for a reader's, and the lock stays held for good). */
+static void fork_guard_child(void)
+{
+    fork_guard_ok = fork_guard_make();
 }
 
 static void fork_guard_init(void)
 {
-    pthread_rwlockattr_t attr;
-    if (pthread_rwlockattr_init(&attr) != 0)
-        return;
-#ifdef PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP
-    (void)pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-#endif
-    fork_guard_ok = pthread_rwlock_init(&fork_guard, &attr) == 0
-                    && pthread_atfork(fork_guard_prepare, fork_guard_release,
-                                      fork_guard_release) == 0;
-    (void)pthread_rwlockattr_destroy(&attr);
+    fork_guard_ok = fork_guard_make()
+                    && pthread_atfork(fork_guard_prepare, fork_guard_parent,
+                                      fork_guard_child) == 0;
 }
 
 void bp__fork_guard(void)
