@@ -91,7 +91,7 @@ static int fork_guard_make(void)
     pthread_rwlockattr_t attr;
     if (pthread_rwlockattr_init(&attr) != 0)
         return 0;
-#ifdef PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP
+#ifdef __GLIBC__  /* an enum constant, not a macro: glibc's own */
     (void)pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
 #endif
     int ok = pthread_rwlock_init(&fork_guard, &attr) == 0;
