@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import alive, fork_with_threads, importable_env, pids_in, wait_dead, wait_for_pids
 
-from boundedproc import Limits, _native, run
+from boundedproc import Cancel, Limits, _native, run
 
 PY = sys.executable
 needs_contain = pytest.mark.skipif(not _native.CONTAIN_SUPPORTED,
@@ -337,9 +337,18 @@ def test_a_slowly_dying_holder_of_the_pipes_is_not_an_escapee(reaper: list[int])
     but takes long to die (it frees its memory): that is not an escape (it was, 5 of 5)."""
     mark = f"holder-{os.getpid()}-{time.monotonic_ns()}"
     for _ in range(2):
+        # Ended once the holder has its memory (it says "ready"), not at a fixed deadline:
+        # on a loaded machine the allocation alone took longer than 2 s.
+        ready = Cancel()
+
+        def on_output(stream: int, chunk: bytes, ready: Cancel = ready) -> None:
+            if b"ready" in chunk:
+                ready.cancel()
+
         r = run(["bash", "-c", f'setsid {sys.executable} -c "$K" & sleep 977.2; wait'],
-                timeout=2, kill_grace=0, drain_grace=0, env={"BP_TEST_MARK": mark, "K": _HEAVY})
-        assert r.timed_out and r.stdout == b"ready\n"
+                timeout=60, kill_grace=0, drain_grace=0, cancel=ready, on_output=on_output,
+                env={"BP_TEST_MARK": mark, "K": _HEAVY})
+        assert r.cancelled and r.stdout == b"ready\n"
         left = _marked_left(mark, within=1.5)
         reaper.extend(left)
         assert left == [] and not r.escaped, r
