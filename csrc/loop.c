@@ -321,20 +321,16 @@ static void wait_group_dead(struct bp_run *run)
 {
     if (!run->spec->new_session || run->pid <= 0 || !run->reaped)
         return;
-    if (kill(-run->pid, 0) < 0)
-        return;
     int64_t began = bp__now_ns();
-    int64_t until = began + BP_DYING_CAP_NS;
     long step_ns = 100000;
-    while (bp__now_ns() < began + BP_DYING_QUICK_NS) {
-        struct timespec ts = {0, step_ns};
-        (void)nanosleep(&ts, NULL);
+    for (;;) {
         if (kill(-run->pid, 0) < 0)
+            return;                     /* no member left, zombie or not */
+        int64_t now = bp__now_ns();
+        if (now - began >= BP_DYING_CAP_NS)
             return;
-        if (step_ns < 1000000)
-            step_ns *= 2;
-    }
-    while (bp_group_alive((int)run->pid) && bp__now_ns() < until) {
+        if (now - began >= BP_DYING_QUICK_NS && !bp_group_alive((int)run->pid))
+            return;                     /* zombies only */
         struct timespec ts = {0, step_ns};
         (void)nanosleep(&ts, NULL);
         if (step_ns < 5000000)

@@ -421,11 +421,14 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
      * would need the whole pid space to wrap). */
     sup->pidfd = bp__lift_fd((int)syscall(SYS_pidfd_open, pid, 0));
 #endif
-    /* Never a blocking read to EOF: another thread's fork() between the pipe2 and
-     * the close of ep[1] above leaves a copy of ep[1] in that child for as long
-     * as it lives (a multiprocessing worker: the run then waited for it, past
-     * every bound).  No need: the supervisor was started as a vfork child, so
-     * we resumed only once it had exec'd or, failing that, written its report. */
+    /* Never a blocking read to EOF: a fork between the pipe2 and the close of
+     * ep[1] above would leave a copy of ep[1] in that child for as long as it
+     * lives (a multiprocessing worker: the run then waited for it, past every
+     * bound).  The fork guard now keeps os.fork() out of that window, but not a
+     * fork that runs no atfork handlers (a raw fork or clone syscall from other
+     * C code in the process).  No need either: the supervisor was started as a
+     * vfork child, so we resumed only once it had exec'd or, failing that,
+     * written its report. */
     int e[2] = {0, 0};
     ssize_t n;
     do {
