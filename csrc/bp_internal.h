@@ -93,6 +93,7 @@ struct bp_run {
     pthread_t watcher;
     int watcher_started;
     int stdin_fd;           /* parent's write end, -1 once closed */
+    int stdin_fork_hidden;  /* stdin_fd is in the fork guard's list (spawn.c) */
     size_t stdin_off;
     struct bp_stream out;
     struct bp_stream err;
@@ -136,6 +137,8 @@ int bp__lift_fd(int fd);
 int bp__make_pipe(int p[2]);
 void bp__fork_guard(void);
 void bp__fork_unguard(void);
+int bp__fork_hide(int fd);
+void bp__fork_unhide(int fd);
 int bp__set_nonblock(int fd);
 void bp__spawn_failed(struct bp_run *run, int stage, int err);
 #ifdef __linux__

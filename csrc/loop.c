@@ -61,7 +61,15 @@ static int pidfd_open_(pid_t pid)
 
 static void close_stdin(struct bp_run *run)
 {
+    if (!run->stdin_fork_hidden) {
+        bp__close_fd(&run->stdin_fd);
+        return;
+    }
+    bp__fork_guard();  /* off the list and closed with no fork in between (spawn.c) */
+    bp__fork_unhide(run->stdin_fd);
     bp__close_fd(&run->stdin_fd);
+    run->stdin_fork_hidden = 0;
+    bp__fork_unguard();
 }
 
 static void enter_drain(struct bp_run *run)
@@ -548,6 +556,8 @@ int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_sup *s
     if (run->stdin_off >= spec->stdin_len) {  /* none, or all of it in the pipe (bp__spawn) */
         res->stdin_delivered = 1;
         close_stdin(run);
+    } else {
+        run->stdin_fork_hidden = bp__fork_hide(run->stdin_fd);  /* the loop writes the rest */
     }
     bp__fork_unguard();
 

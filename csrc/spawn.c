@@ -69,9 +69,46 @@ int bp__lift_pair(int p[2])
  * run no fork handlers, so no spawn of ours ever waits on it).  Writers
  * first, so that runs starting back to back on many threads never keep a
  * fork waiting.  As Go's syscall.ForkLock.  A run's stdin whose payload is
- * still being written, and the read ends we keep, stay a fork's to copy.
+ * still being written is hidden from the fork's child (below); the read ends we
+ * keep stay a fork's to copy (a read end held elsewhere keeps no EOF away).
  */
 static pthread_rwlock_t fork_guard;
+
+/*
+ * The stdin write ends a fork must not keep: a payload larger than the pipe is
+ * written by the loop as the command reads, long after the guard let go, and a
+ * child forked meanwhile would hold the write end (the command then never sees
+ * EOF).  Such a run lists its write end here (bp__fork_hide) for as long as it
+ * is open; the fork's child handler points each listed fd at /dev/null (the
+ * pipe's write end is gone from the child, yet its fd number stays taken there,
+ * so no later close of it in the child hits another file).  The list is
+ * changed only with the guard held as reader, so a fork sees it whole; its
+ * mutex is for the readers among themselves.  Runs with nothing left to write
+ * after the start (almost all) never touch it.
+ */
+#define HIDDEN_MAX 256
+static int hidden[HIDDEN_MAX];  /* fd + 1; 0: a free slot */
+static pthread_mutex_t hidden_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void hidden_in_child(void)
+{
+    int null_fd = -1;
+    for (int i = 0; i < HIDDEN_MAX; i++) {
+        if (hidden[i] == 0)
+            continue;
+        int fd = hidden[i] - 1;
+        hidden[i] = 0;
+        if (null_fd < 0)
+            null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        if (null_fd < 0 || dup2(null_fd, fd) < 0)
+            (void)close(fd);  /* no /dev/null: closed, its number free again */
+        else
+            (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+    if (null_fd >= 0)
+        (void)close(null_fd);
+    pthread_mutex_init(&hidden_lock, NULL);
+}
 static pthread_once_t fork_guard_once = PTHREAD_ONCE_INIT;
 static int fork_guard_ok;
 
@@ -105,6 +142,7 @@ static int fork_guard_make(void)
 static void fork_guard_child(void)
 {
     fork_guard_ok = fork_guard_make();
+    hidden_in_child();
 }
 
 static void fork_guard_init(void)
@@ -125,6 +163,34 @@ void bp__fork_unguard(void)
 {
     if (fork_guard_ok)
         pthread_rwlock_unlock(&fork_guard);
+}
+
+/* List fd (with the guard held): 1 if listed, 0 if not (no guard, list full). */
+int bp__fork_hide(int fd)
+{
+    if (!fork_guard_ok || fd < 0)
+        return 0;
+    int listed = 0;
+    pthread_mutex_lock(&hidden_lock);
+    for (int i = 0; i < HIDDEN_MAX && !listed; i++)
+        if (hidden[i] == 0) {
+            hidden[i] = fd + 1;
+            listed = 1;
+        }
+    pthread_mutex_unlock(&hidden_lock);
+    return listed;
+}
+
+/* Take fd off the list (with the guard held, before it is closed). */
+void bp__fork_unhide(int fd)
+{
+    pthread_mutex_lock(&hidden_lock);
+    for (int i = 0; i < HIDDEN_MAX; i++)
+        if (hidden[i] == fd + 1) {
+            hidden[i] = 0;
+            break;
+        }
+    pthread_mutex_unlock(&hidden_lock);
 }
 
 /* A close-on-exec pipe, both ends above stdio. */

@@ -135,6 +135,47 @@ def test_a_child_forked_while_runs_start_keeps_none_of_their_pipes(how: str) -> 
     assert got["runs"] >= 3 and got["bad"] == [], got
 
 
+FORK_WHILE_STDIN_IS_WRITTEN = """
+import json, os, sys, threading, time, warnings
+warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: a fork with threads
+from boundedproc import run
+payload = b"x" * (4 << 20)
+got = {}
+def check():
+    r = run(["sh", "-c", "sleep 0.6; exec wc -c"], stdin=payload, timeout=5,
+            contain=sys.argv[1] == "contained")
+    got.update(ok=r.ok, out=r.stdout.decode().strip(), timed_out=r.timed_out,
+               delivered=r.stdin_delivered, duration=r.duration)
+t = threading.Thread(target=check)
+t.start()
+time.sleep(0.3)  # the loop is writing the payload: wc has not started reading
+pid = os.fork()
+if pid == 0:
+    time.sleep(8)
+    os._exit(0)
+t.join()
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.parametrize("how", ["uncontained", "contained"])
+def test_a_child_forked_while_stdin_is_written_keeps_no_write_end(how: str) -> None:
+    """A payload larger than the pipe is written by the loop as the command reads. A child
+    forked meanwhile (another thread's os.fork(), a multiprocessing worker) kept the
+    stdin's write end, so `wc` never saw EOF and the run ended at its deadline (124). The
+    fork's child now has that fd pointed at /dev/null (spawn.c, the guard's list)."""
+    if how == "contained" and boundedproc.containment_status() != "available":
+        pytest.skip("no containment here")
+    done = subprocess.run([PY, "-c", FORK_WHILE_STDIN_IS_WRITTEN, how], env=importable_env(),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["ok"] and got["out"] == str(4 << 20) and got["delivered"], got
+    assert not got["timed_out"] and got["duration"] < 4, got
+
+
 def test_setsid_escapee_sets_escaped(reaper: list[int]) -> None:
     """A descendant in its own session holding the pipes: escaped is set within drain_grace."""
     script = "setsid sh -c 'echo $$; exec sleep 30' & sleep 0.2; echo parent-done"
