@@ -69,9 +69,11 @@
  */
 #include "bp_internal.h"
 
+#include <dirent.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #ifdef __linux__
@@ -107,6 +109,8 @@ struct bp_batch {
     int timer_armed;
     int jobs, nthreads, idle, queued, stopping;  /* queued: items in todo */
     int running, ndone;             /* runs a worker has taken up; runs in done */
+    int fd_waiting;                 /* of those, the ones waiting for fds (run_item) */
+    pthread_cond_t fds_cv;          /* signalled when a run ends while some wait for fds */
     int attached;                   /* workers serving this batch (bp_batch_free waits
                                        for none) */
     pthread_cond_t detached_cv;     /* signalled when the last one leaves */
@@ -211,15 +215,11 @@ static int cancelled_now(const struct bp_spec *spec)
     return rc > 0;
 }
 
-/* One run, start to end, with the worker's supervisor (started or replaced here). */
-static void run_item(struct bp_batch *b, int index, struct bp_sup **sup, struct item *it)
+/* One try at a run, start to end, with the worker's supervisor (started or
+ * replaced here). */
+static void run_once(struct bp_batch *b, int index, struct bp_sup **sup, struct item *it)
 {
     struct bp_batch_done *d = &it->done;
-    d->start_ns = bp__now_ns();
-    if (cancelled_now(it->spec)) {
-        d->rc = BP_BATCH_CANCELLED;
-        return;
-    }
     struct bp_sup *use = NULL;
     if (it->spec->contain) {
         if (*sup != NULL && !bp__sup_usable(*sup, BP_ORIGIN_WHO)) {
@@ -258,6 +258,88 @@ static void run_item(struct bp_batch *b, int index, struct bp_sup **sup, struct 
     if (use != NULL && !bp_sup_reusable(use)) {
         bp_sup_free(use);
         *sup = b->sups[index] = NULL;
+    }
+}
+
+/* Whether the try found the process (or the system) out of fds, before
+ * anything was spawned: its result is a spawn failure with no output (so the
+ * run is already freed), or a supervisor that could not start. */
+static int out_of_fds(const struct item *it)
+{
+    const struct bp_batch_done *d = &it->done;
+    int err = d->rc == BP_BATCH_NO_SUPERVISOR ? d->err
+              : d->rc == BP_BATCH_DONE && d->run == NULL && !it->res->spawned ? it->res->err_errno
+              : 0;
+    return err == EMFILE || err == ENFILE;
+}
+
+/* How long a run out of fds waits for another run to end before it tries again. */
+#define FD_WAIT_NS 20000000LL
+
+/*
+ * Out of fds is the batch's own doing while its other runs hold theirs (about
+ * six each while they start, three after: a low RLIMIT_NOFILE and many jobs).
+ * A run that finds it so waits, as a queued run waits for a worker, until
+ * another run of the batch ends (or FD_WAIT_NS passed) and tries again, instead
+ * of coming back a spawn failure that a grader would grade unrunnable (and
+ * with it most of the runs after it: each fails at once and its worker takes
+ * the next).  It is the run's result only when no other run of the batch is
+ * under way (tried once more then: the last one may have just ended), when
+ * the run's timeout passed while it waited, or when the batch is being freed.
+ * Returns 1 to try again, 0 to keep the result, -1 when it was cancelled.
+ */
+static int wait_for_fds(struct bp_batch *b, struct item *it, int *tries_alone)
+{
+    pthread_mutex_lock(&b->lock);
+    int others = b->running - b->fd_waiting - 1;
+    int again = !b->stopping && (others > 0 || (*tries_alone)++ == 0);
+    if (again && others > 0) {
+        b->fd_waiting++;
+#ifdef __linux__
+        struct timespec until = deadline_in(FD_WAIT_NS);
+        (void)pthread_cond_timedwait(&b->fds_cv, &b->lock, &until);
+#else
+        pthread_mutex_unlock(&b->lock);
+        struct timespec ts = {0, FD_WAIT_NS};
+        (void)nanosleep(&ts, NULL);
+        pthread_mutex_lock(&b->lock);
+#endif
+        b->fd_waiting--;
+    }
+    pthread_mutex_unlock(&b->lock);
+    if (!again)
+        return 0;
+    if (cancelled_now(it->spec))
+        return -1;
+    int64_t timeout = it->spec->timeout_ns;
+    return timeout < 0 || bp__now_ns() - it->done.start_ns < timeout;
+}
+
+/* One run, start to end: tried again while the process is out of fds that the
+ * batch's other runs hold (wait_for_fds). */
+static void run_item(struct bp_batch *b, int index, struct bp_sup **sup, struct item *it)
+{
+    struct bp_batch_done *d = &it->done;
+    d->start_ns = bp__now_ns();
+    int tries_alone = 0;
+    for (;;) {
+        if (cancelled_now(it->spec)) {
+            d->rc = BP_BATCH_CANCELLED;
+            return;
+        }
+        run_once(b, index, sup, it);
+        if (!out_of_fds(it))
+            return;
+        int w = wait_for_fds(b, it, &tries_alone);
+        if (w == 0)
+            return;
+        if (w < 0) {
+            d->rc = BP_BATCH_CANCELLED;
+            return;
+        }
+        d->rc = 0;
+        d->stage = d->err = 0;
+        d->sup_pid = 0;
     }
 }
 
@@ -328,6 +410,8 @@ static int serve(struct bp_batch *b, int index, struct bp_sup **sup, struct park
         push(&b->done, &b->done_last, it);
         b->running--;
         b->ndone++;
+        if (b->fd_waiting > 0)
+            pthread_cond_broadcast(&b->fds_cv);  /* its fds are free: wait_for_fds */
         if (tell_now(b)) {
             /* Outside the lock: the caller we wake may run at once, on this CPU,
              * and would otherwise find the lock held and sleep on it again. */
@@ -573,6 +657,42 @@ static void *worker(void *p)
     return NULL;
 }
 
+/* The fds a worker may hold at once: its supervisor's (2) and a starting run's (6). */
+#define FDS_A_WORKER 8
+
+/* The fds this process has open now; -1: unknown. */
+static long open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL)
+        return -1;
+    long n = -1;  /* the directory's own fd */
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n;
+}
+
+/*
+ * The workers that RLIMIT_NOFILE leaves room for, at most `jobs`: under a low
+ * limit (ulimit -n 256 and jobs=64), workers past it would hold supervisors
+ * that leave no fd for any run's pipes, and every run would wait for fds
+ * (wait_for_fds) until it came back EMFILE.  Counted only when the limit is
+ * near (jobs * FDS_A_WORKER + 64 past it).
+ */
+static int jobs_within_fd_limit(int jobs)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY
+        || (rlim_t)jobs * FDS_A_WORKER + 64 <= rl.rlim_cur)
+        return jobs;
+    long open = open_fds();
+    long room = ((long)rl.rlim_cur - (open >= 0 ? open : 16)) / FDS_A_WORKER;
+    return room < 1 ? 1 : room < jobs ? (int)room : jobs;
+}
+
 int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct bp_batch **out)
 {
     *out = NULL;
@@ -583,7 +703,7 @@ int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct b
     struct bp_batch *b = calloc(1, sizeof *b);
     if (b == NULL)
         return -1;
-    b->jobs = jobs;
+    b->jobs = jobs_within_fd_limit(jobs);
     b->owner = getpid();
     b->sup_envp = sup_envp;
     b->notify[0] = b->notify[1] = -1;
@@ -607,6 +727,10 @@ int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct b
     pthread_mutex_init(&b->lock, NULL);
     pthread_cond_init(&b->todo_cv, NULL);
     pthread_cond_init(&b->detached_cv, NULL);
+#ifdef __linux__
+    if (cond_init_monotonic(&b->fds_cv) != 0)
+#endif
+        pthread_cond_init(&b->fds_cv, NULL);
     *out = b;
     return 0;
 fail:;
@@ -728,6 +852,7 @@ void bp_batch_free(struct bp_batch *b)
     pthread_mutex_lock(&b->lock);
     b->stopping = 1;
     pthread_cond_broadcast(&b->todo_cv);
+    pthread_cond_broadcast(&b->fds_cv);
     while (b->attached > 0)  /* each finishes its run and leaves (serve) */
         pthread_cond_wait(&b->detached_cv, &b->lock);
     pthread_mutex_unlock(&b->lock);
@@ -743,6 +868,7 @@ void bp_batch_free(struct bp_batch *b)
         close(b->timer);
     pthread_cond_destroy(&b->todo_cv);
     pthread_cond_destroy(&b->detached_cv);
+    pthread_cond_destroy(&b->fds_cv);
     pthread_mutex_destroy(&b->lock);
     free(b->sup_path);
     free(b->sups);

@@ -501,3 +501,82 @@ def test_a_forked_child_cannot_go_on_with_python_workers() -> None:
         os.waitpid(pid, 0)
     assert "forked child" in got, got
     assert [x.stdout for x in it] == [b"x\n"] * 5
+
+
+LOW_NOFILE = """
+import json, os, resource, sys, threading, time
+from boundedproc import run_many
+limit, jobs, contain, hog = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+def take_every_fd():  # another thread of the caller's, taking every fd for 0.3 s
+    time.sleep(0.1)
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    time.sleep(0.3)
+    for fd in held:
+        os.close(fd)
+if hog == "hog":
+    threading.Thread(target=take_every_fd).start()
+n, cmd = (24, ["sleep", "0.3"]) if hog == "hog" else (64, ["sleep", "0.1"])
+t0 = time.monotonic()
+rs = list(run_many([cmd] * n, jobs=jobs, contain=contain, timeout=30))
+print(json.dumps({"bad": [r.runner_error for r in rs if not r.ok], "held": len(held),
+                  "took": time.monotonic() - t0}))
+"""
+
+
+def _low_nofile(*args: object) -> dict[str, object]:
+    done = subprocess.run([PY, "-c", LOW_NOFILE, *map(str, args)], env=importable_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    got: dict[str, object] = json.loads(done.stdout)
+    return got
+
+
+@pytest.mark.parametrize("contain", [True, False])
+def test_a_low_fd_limit_runs_every_job_instead_of_failing_them(contain: bool) -> None:
+    """Under `ulimit -n 64`, run_many(jobs=32) failed 53 of 64 `sleep`s with EMFILE
+    (uncontained, jobs=8 failed 33): the batch's own runs held the fds, each failed run
+    freed its worker for the next, which failed at once too. The workers are now capped by
+    what RLIMIT_NOFILE leaves room for, and a run out of fds waits for another to end."""
+    got = _low_nofile(64, 32, int(contain), "-")
+    assert got["bad"] == [], got
+
+
+@pytest.mark.parametrize("contain", [True, False])
+def test_fds_the_caller_takes_mid_batch_delay_runs_instead_of_failing_them(
+        contain: bool) -> None:
+    """Another thread of the caller's takes every fd for 0.3 s while run_many's runs go on:
+    the runs that start meanwhile find EMFILE, wait for a run of the batch to end, and try
+    again (batch.c, wait_for_fds), instead of coming back spawn failures."""
+    got = _low_nofile(64, 4, int(contain), "hog")
+    assert got["held"] > 0, got  # the thread did take fds while the runs went on
+    assert got["bad"] == [], got
+
+
+EMFILE_ALONE = """
+import json, os, resource, time
+from boundedproc import run_many
+open_now = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 3, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+t0 = time.monotonic()
+rs = list(run_many([["true"]] * 3, jobs=2, contain=False, timeout=30))
+print(json.dumps({"errors": [r.runner_error for r in rs], "spawned": [r.spawned for r in rs],
+                  "took": time.monotonic() - t0}))
+"""
+
+
+def test_a_run_no_fd_is_ever_freed_for_is_a_spawn_failure_at_once() -> None:
+    """With no other run of the batch holding fds, EMFILE is the run's result (SPEC 2.1: a
+    spawn failure, exit 127), at once: the wait for fds never outlasts the runs it waits for."""
+    done = subprocess.run([PY, "-c", EMFILE_ALONE], env=importable_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["spawned"] == [False] * 3, got
+    assert all(e.startswith("spawn failed: EMFILE") for e in got["errors"]), got
+    assert got["took"] < 5, got
