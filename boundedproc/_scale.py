@@ -719,7 +719,69 @@ class _Slot:
 _Task = tuple[_Slot, Any, dict[str, Any]] | None
 
 
-def _work(tasks: queue.SimpleQueue[_Task], switch: Cancel | None) -> None:
+# The runner_error of a run refused for want of fds (SPEC 2.1's stable prefix).
+_OUT_OF_FDS = ("spawn failed: EMFILE", "spawn failed: ENFILE")
+
+
+class _FdShare:
+    """The Python workers of one ``run_many`` call, sharing the process's fds.
+
+    Out of fds is the call's own doing while its other runs hold theirs (a low
+    ``RLIMIT_NOFILE`` and many jobs): a run that finds it so waits until another
+    run of the call ends (or 20 ms passed) and tries again, within its own
+    ``timeout`` and cancel switches, instead of coming back a spawn failure that
+    a grader grades unrunnable.  With no other run of the call under way it is
+    tried once more (the last one may have just ended), then EMFILE is its
+    result.  As the core's workers do (batch.c, ``wait_for_fds``)."""
+
+    __slots__ = ("cv", "running", "waiting")
+
+    def __init__(self) -> None:
+        self.cv = threading.Condition(threading.Lock())
+        self.running = 0
+        self.waiting = 0
+
+    def run(self, cmd: Any, options: dict[str, Any]) -> AnyResult:
+        with self.cv:
+            self.running += 1
+        try:
+            started = time.monotonic()
+            tries_alone = 0
+            while True:
+                result: AnyResult = run(cmd, **{**options, "check": False})
+                if result.spawned or not (result.runner_error or "").startswith(_OUT_OF_FDS):
+                    break
+                with self.cv:
+                    others = self.running - self.waiting - 1
+                    if others <= 0:
+                        tries_alone += 1
+                        if tries_alone > 1:
+                            break
+                    else:
+                        self.waiting += 1
+                        self.cv.wait(0.02)
+                        self.waiting -= 1
+                if self._over(started, options):
+                    break
+        finally:
+            with self.cv:
+                self.running -= 1
+                self.cv.notify_all()
+        if options["check"]:
+            result.check()
+        return result
+
+    @staticmethod
+    def _over(started: float, options: dict[str, Any]) -> bool:
+        """Whether a run waiting for fds is to keep its EMFILE: cancelled, or past its timeout."""
+        switches = (options.get("cancel"), ALSO_CANCEL.get())
+        if any(c is not None and c.cancelled for c in switches):
+            return True
+        timeout = options.get("timeout", DEFAULT_TIMEOUT)
+        return timeout is not None and time.monotonic() - started >= timeout
+
+
+def _work(tasks: queue.SimpleQueue[_Task], switch: Cancel | None, fds: _FdShare) -> None:
     """A ``run_many`` worker: run the tasks it is given until it gets ``None``.
 
     The call's switch is set once for the thread (executors do not copy
@@ -731,7 +793,7 @@ def _work(tasks: queue.SimpleQueue[_Task], switch: Cancel | None) -> None:
             return
         slot, cmd, options = task
         try:
-            slot.result = run(cmd, **options)
+            slot.result = fds.run(cmd, options)
         except BaseException as err:  # noqa: BLE001  raised by the consumer, in its turn
             slot.error = err
         finally:
@@ -969,10 +1031,14 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
     # and a lock, not a Future with its condition variable, and every microsecond of
     # Python here holds the GIL that the other workers' runs need (B9).
     window = WINDOW_PER_JOB * jobs
+    # No more workers than RLIMIT_NOFILE leaves room for: each thread holds a supervisor,
+    # and past that room the supervisors would leave no fd for any run (batch.c).
+    jobs = _native.lib.bp_jobs_within_fd_limit(jobs)
     # One switch for every run of this call, set on early close; None without fds for it
     # (EMFILE): the runs go on, and an early close then waits for those in flight.
     switch = switch_or_none()
     tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
+    fds = _FdShare()
     workers: list[threading.Thread] = []
     pending: deque[_Slot | _Raise] = deque()
     more = True
@@ -1001,7 +1067,7 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
             slot = _Slot()
             pending.append(slot)
             if len(workers) < jobs:
-                worker = threading.Thread(target=_work, args=(tasks, switch), daemon=True,
+                worker = threading.Thread(target=_work, args=(tasks, switch, fds), daemon=True,
                                           name=f"boundedproc-many-{len(workers)}")
                 try:
                     worker.start()

@@ -680,9 +680,10 @@ static long open_fds(void)
  * limit (ulimit -n 256 and jobs=64), workers past it would hold supervisors
  * that leave no fd for any run's pipes, and every run would wait for fds
  * (wait_for_fds) until it came back EMFILE.  Counted only when the limit is
- * near (jobs * FDS_A_WORKER + 64 past it).
+ * near (jobs * FDS_A_WORKER + 64 past it).  run_many's Python workers, whose
+ * threads hold supervisors too, are capped by it as well (_scale.py).
  */
-static int jobs_within_fd_limit(int jobs)
+int bp_jobs_within_fd_limit(int jobs)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY
@@ -703,7 +704,7 @@ int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct b
     struct bp_batch *b = calloc(1, sizeof *b);
     if (b == NULL)
         return -1;
-    b->jobs = jobs_within_fd_limit(jobs);
+    b->jobs = bp_jobs_within_fd_limit(jobs);
     b->owner = getpid();
     b->sup_envp = sup_envp;
     b->notify[0] = b->notify[1] = -1;

@@ -218,6 +218,7 @@ int bp_sup_pid(const struct bp_sup *sup);
 void bp_sup_free(struct bp_sup *sup);
 void bp_sup_forget(struct bp_sup *sup);
 int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct bp_batch **out);
+int bp_jobs_within_fd_limit(int jobs);
 int bp_batch_submit(struct bp_batch *b, const struct bp_spec *spec, struct bp_result *res,
                     int64_t tag);
 int bp_batch_next(struct bp_batch *b, int wake_fd, int wait, struct bp_batch_done *out, int n);

@@ -507,6 +507,7 @@ LOW_NOFILE = """
 import json, os, resource, sys, threading, time
 from boundedproc import run_many
 limit, jobs, contain, hog = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+tmpdir = sys.argv[5] == "python"  # tmpdir=True runs on Python workers calling run()
 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 held = []
 def take_every_fd():  # another thread of the caller's, taking every fd for 0.3 s
@@ -523,7 +524,7 @@ if hog == "hog":
     threading.Thread(target=take_every_fd).start()
 n, cmd = (24, ["sleep", "0.3"]) if hog == "hog" else (64, ["sleep", "0.1"])
 t0 = time.monotonic()
-rs = list(run_many([cmd] * n, jobs=jobs, contain=contain, timeout=30))
+rs = list(run_many([cmd] * n, jobs=jobs, contain=contain, timeout=30, tmpdir=tmpdir))
 print(json.dumps({"bad": [r.runner_error for r in rs if not r.ok], "held": len(held),
                   "took": time.monotonic() - t0}))
 """
@@ -537,23 +538,28 @@ def _low_nofile(*args: object) -> dict[str, object]:
     return got
 
 
+@pytest.mark.parametrize("workers", ["core", "python"])
 @pytest.mark.parametrize("contain", [True, False])
-def test_a_low_fd_limit_runs_every_job_instead_of_failing_them(contain: bool) -> None:
+def test_a_low_fd_limit_runs_every_job_instead_of_failing_them(contain: bool,
+                                                               workers: str) -> None:
     """Under `ulimit -n 64`, run_many(jobs=32) failed 53 of 64 `sleep`s with EMFILE
-    (uncontained, jobs=8 failed 33): the batch's own runs held the fds, each failed run
-    freed its worker for the next, which failed at once too. The workers are now capped by
-    what RLIMIT_NOFILE leaves room for, and a run out of fds waits for another to end."""
-    got = _low_nofile(64, 32, int(contain), "-")
+    (uncontained, jobs=8 failed 33; with tmpdir=True, on Python workers, 47 and 46): the
+    call's own runs held the fds, each failed run freed its worker for the next, which
+    failed at once too. The workers are now capped by what RLIMIT_NOFILE leaves room for,
+    and a run out of fds waits for another run of the call to end."""
+    got = _low_nofile(64, 32, int(contain), "-", workers)
     assert got["bad"] == [], got
 
 
+@pytest.mark.parametrize("workers", ["core", "python"])
 @pytest.mark.parametrize("contain", [True, False])
 def test_fds_the_caller_takes_mid_batch_delay_runs_instead_of_failing_them(
-        contain: bool) -> None:
+        contain: bool, workers: str) -> None:
     """Another thread of the caller's takes every fd for 0.3 s while run_many's runs go on:
     the runs that start meanwhile find EMFILE, wait for a run of the batch to end, and try
-    again (batch.c, wait_for_fds), instead of coming back spawn failures."""
-    got = _low_nofile(64, 4, int(contain), "hog")
+    again (batch.c, wait_for_fds; _scale.py, _FdShare), instead of coming back spawn
+    failures."""
+    got = _low_nofile(64, 4, int(contain), "hog", workers)
     assert got["held"] > 0, got  # the thread did take fds while the runs went on
     assert got["bad"] == [], got
 
