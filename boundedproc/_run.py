@@ -485,6 +485,9 @@ def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes 
             target = f"{stream} for {text_arg(args[0])!r}"
         elif stage == "execve":
             target = f"program {text_arg(args[0])!r}"
+        elif stage == "kill" and out.err_errno == errno.EPERM:
+            target = (f"kill for {text_arg(args[0])!r}: its leader runs as another user (a "
+                      "setuid program, sudo) and is left running")
         elif stage == "supervisor":
             target = f"the supervisor program {_native.SUPERVISOR_PATH!r}"
             if out.err_errno == errno.EPROTO:

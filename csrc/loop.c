@@ -265,11 +265,69 @@ static int64_t drain_deadline(struct bp_run *run, int64_t now)
     return run->drain_settle_ns;
 }
 
+/* A leader left running: reaped whenever it exits, by a thread of its own. */
+static void *reap_later(void *p)
+{
+    pid_t pid = (pid_t)(intptr_t)p;
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    return NULL;
+}
+
+/*
+ * Uncontained, after the group's SIGKILL: whether the leader may not be
+ * signalled by us (EPERM: it runs as another user, as a setuid program that
+ * took root for good, or a command under sudo, started by a caller that is
+ * not root) and is still running 100 ms later.  A blocking reap would wait for
+ * as long as it chooses to run, past every bound of the run.  Such a leader is
+ * let go: the run reports EPERM at BP_STAGE_KILL (runner failed: ...), counts
+ * it unkilled (escaped) and its status as a kill's, and a detached thread
+ * reaps it whenever it exits (it is our child: its pid stays ours till then).
+ * Where the exit is not watched with a pidfd (before Linux 5.3), the reap
+ * still waits.  Contained, the supervisor does the same (supervisor.c).
+ */
+static int let_go_unkillable(struct bp_run *run)
+{
+    if (run->sup != NULL || run->pid <= 0 || run->reaped || run->leader_exited
+        || run->res->exit_watch != BP_WATCH_PIDFD || run->exit_fd < 0
+        || kill(run->pid, 0) == 0 || errno != EPERM)
+        return 0;
+    struct pollfd p = {run->exit_fd, POLLIN, 0};
+    int rc;
+    do {
+        rc = poll(&p, 1, 100);
+    } while (rc < 0 && errno == EINTR);
+    if (rc != 0)
+        return 0;  /* it exited after all: reaped as usual */
+    struct bp_result *res = run->res;
+    if (res->err_stage == BP_STAGE_NONE) {
+        res->err_stage = BP_STAGE_KILL;
+        res->err_errno = EPERM;
+    }
+    res->unkilled++;
+    bp__record_unknown_status(res);
+    pthread_attr_t attr;
+    pthread_t thread;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    if (pthread_attr_init(&attr) == 0) {
+        (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        (void)pthread_attr_setstacksize(&attr, 64 * 1024);
+        (void)pthread_create(&thread, &attr, reap_later, (void *)(intptr_t)run->pid);
+        pthread_attr_destroy(&attr);  /* no thread: a zombie until this process exits */
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    run->reaped = 1;  /* not ours to signal or wait for any more */
+    bp__close_fd(&run->exit_fd);
+    return 1;
+}
+
 /* SIGKILL the group, reap the leader, start draining. */
 static int kill_and_reap(struct bp_run *run)
 {
     bp__signal_group(run, SIGKILL);
-    int rc = bp__reap(run);
+    int rc = let_go_unkillable(run) ? 0 : bp__reap(run);
     enter_drain(run);
     return rc;
 }
@@ -750,7 +808,8 @@ void bp_abort(struct bp_run *run)
     if (run->res->end_reason == BP_END_NONE)
         run->res->end_reason = BP_END_ABORT;
     bp__signal_group(run, SIGKILL);
-    (void)bp__reap(run);
+    if (!let_go_unkillable(run))
+        (void)bp__reap(run);
     finish(run);
 }
 

@@ -394,8 +394,15 @@ static int read_once(struct bp_run *run, struct bp_stream *s)
     if (n < 0) {
         if (errno == EINTR)
             return 1;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            bp__close_fd(&s->fd);  /* EIO and the like: nothing more will come */
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            /* EIO and the like: nothing more will come, and the output may be
+             * short; the result says so (runner failed: ... read). */
+            if (res->err_stage == BP_STAGE_NONE) {
+                res->err_stage = BP_STAGE_READ;
+                res->err_errno = errno;
+            }
+            bp__close_fd(&s->fd);
+        }
         return 0;
     }
     if (n == 0) {

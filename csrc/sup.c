@@ -888,6 +888,10 @@ static void take_final(struct bp_run *run, const struct bp_sup_msg *m)
     res->system_time = (double)m->stime_us / 1e6;
     res->max_rss = m->maxrss_kb * 1024;
     res->unkilled = m->unkilled;
+    if (m->err != 0 && res->err_stage == BP_STAGE_NONE) {
+        res->err_stage = m->stage;  /* BP_STAGE_KILL, EPERM: a leader it could not kill */
+        res->err_errno = m->err;
+    }
     if (!m->reusable)
         run->sup->broken = 1;  /* it exits: something of this run lives on */
 }
@@ -965,8 +969,15 @@ int bp__sup_reap(struct bp_run *run)
         int rc = poll(p, run->spec->wake_fd >= 0 ? 2 : 1, (int)left);
         if (rc == 0)
             bp__sup_revive(sup);  /* silent so far: stopped by the command? */
-        if (rc < 0 && errno != EINTR)
+        if (rc < 0 && errno != EINTR) {
+            /* Ours failed (ENOMEM): the leader's fate is unknown, and the result
+             * says why (runner failed: ... poll), never a bare 137. */
+            if (run->res->err_stage == BP_STAGE_NONE) {
+                run->res->err_stage = BP_STAGE_POLL;
+                run->res->err_errno = errno;
+            }
             break;
+        }
         if (rc > 0 && run->spec->wake_fd >= 0 && p[1].revents) {
             /* Ctrl-C while we wait: keep waiting, but not for long. */
             int64_t soon = bp__now_ns() + 300000000;

@@ -515,6 +515,29 @@ static void await_child(struct sup *s, int ms)
     }
 }
 
+/*
+ * Whether the leader, just sent SIGKILL, may not be signalled by us (EPERM: it
+ * runs as another user, as a setuid program that took root for good, or a
+ * command under sudo, started by a caller that is not root) and is still
+ * running 100 ms later.  A blocking reap would then wait for as long as it
+ * chooses to run, past every bound of the run.
+ */
+static int leader_unkillable(struct sup *s)
+{
+    if (s->leader <= 0 || kill(s->leader, 0) == 0 || errno != EPERM)
+        return 0;
+    for (int i = 0;; i++) {
+        siginfo_t info;
+        memset(&info, 0, sizeof info);
+        if (waitid(P_PID, (id_t)s->leader, &info, WEXITED | WNOHANG | WNOWAIT) == 0
+                && info.si_pid != 0)
+            return 0;  /* it exited after all: the caller reaps it, status and all */
+        if (i == 10)
+            return 1;
+        await_child(s, 10);
+    }
+}
+
 /* Kill everything, reap the leader and every orphan, report FINAL. */
 static void finish(struct sup *s, int64_t budget_ns, int report)
 {
@@ -532,7 +555,16 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
     m.pid = (int32_t)s->leader;
     (void)signal_round(s, 0, SIGKILL, NULL);
     int status = 0;
-    (void)reap_one(s, s->leader, 0, &status);
+    int unkillable = leader_unkillable(s);
+    if (unkillable) {
+        /* Left running, our child until we exit (then init's): its status is
+         * unknown, reported as a kill's, with why (the core's runner_error). */
+        status = SIGKILL;
+        m.stage = BP_STAGE_KILL;
+        m.err = EPERM;
+    } else {
+        (void)reap_one(s, s->leader, 0, &status);
+    }
     end_start(s);
     m.status = status;
 
@@ -561,8 +593,8 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
         long refused = kill_dying_tree(s);
         left = refused >= 0 ? refused : left > 0 ? left : 1;
     }
-    m.unkilled = (int32_t)left;
-    m.reusable = found == 0;
+    m.unkilled = (int32_t)left + unkillable;
+    m.reusable = found == 0 && !unkillable;
     m.utime_us = s->utime_us;
     m.stime_us = s->stime_us;
     m.maxrss_kb = s->maxrss_kb;
@@ -571,7 +603,7 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
     if (report)
         send_msg(s, &m);
     release_held(s);
-    if (found > 0)
+    if (found > 0 || unkillable)
         _exit(0);  /* something of this run lives on, or is still dying: never reuse us */
 }
 

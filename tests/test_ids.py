@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
 import threading
 import time
 
@@ -294,3 +299,59 @@ def test_the_largest_id_is_set_as_asked(contain: bool) -> None:
     """4294967294, the largest id there is, is set, not taken for "unchanged"."""
     r = run(["sh", "-c", "id -u; id -g"], user=2**32 - 2, group=2**32 - 2, contain=contain)
     assert (r.exit_code, r.stdout) == (0, b"4294967294\n4294967294\n")
+
+
+HOLD_ROOT_C = r"""
+#define _GNU_SOURCE
+#include <unistd.h>
+int main(void)
+{
+    if (setresuid(0, 0, 0) != 0)
+        return 3;
+    sleep(30);
+    return 0;
+}
+"""
+
+
+@needs_root
+@CONTAIN
+def test_a_leader_that_took_root_for_good_is_let_go_within_the_bound(contain: bool) -> None:
+    """A caller that is not root runs a setuid program that takes root for good (as sudo
+    does): the group's SIGKILL is refused (EPERM), and the reap waited for as long as it
+    chose to run (30 s here; uncontained the whole time, contained until the supervisor
+    was given up as "stopped?"). It is now let go within the run's bound, and the result
+    says why: runner failed: EPERM, escaped (it is left running)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    where = tempfile.mkdtemp(prefix="bp-setuid-", dir="/tmp")
+    prog = os.path.join(where, "holdroot")
+    pid = None
+    try:
+        os.chmod(where, 0o755)  # our own directory, for nobody to exec from
+        subprocess.run([cc, "-x", "c", "-o", prog, "-"], input=HOLD_ROOT_C.encode(),
+                       check=True, capture_output=True)
+        os.chmod(prog, 0o4755)
+        out = as_nobody(
+            "import time\n"
+            "t = time.monotonic()\n"
+            f"r = boundedproc.run([{prog!r}], timeout=0.5, drain_grace=0.5, contain={contain})\n"
+            "out = dict(took=time.monotonic() - t, exit_code=r.exit_code, pid=r.pid,\n"
+            "           timed_out=r.timed_out, error=r.runner_error, escaped=r.escaped)"
+        )
+        pid = out["pid"]
+        if out["exit_code"] == 3:
+            pytest.skip("setuid programs do not take root here (a nosuid /tmp)")
+        assert out["timed_out"] and out["exit_code"] == 124, out
+        assert isinstance(out["took"], float) and out["took"] < 3, out  # bound 1 s; was 30
+        error = out["error"]
+        assert isinstance(error, str) and error.startswith("runner failed: EPERM"), out
+        assert "left running" in error and out["escaped"], out
+    finally:
+        if isinstance(pid, int) and pid > 0:
+            with contextlib.suppress(psutil.Error):
+                held = psutil.Process(pid)
+                if held.exe() == prog:  # the run's own leader, left running: ours to end
+                    held.send_signal(signal.SIGKILL)
+        shutil.rmtree(where, ignore_errors=True)
