@@ -152,6 +152,9 @@ int bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err);
 int bp__sup_usable(const struct bp_sup *sup, int what);
 /* How often every wait on a supervisor looks whether the command stopped it. */
 #define BP_SUP_CHECK_NS 50000000LL
+/* How long after our own final kill was due a supervisor kills the run itself
+ * (bp_sup_cmd.backstop_ns). */
+#define BP_BACKSTOP_NS 500000000LL
 /* Past drain_grace, how long a writer of the pipes may take to go (a process of
  * the group just killed, on its way out) before it counts as an escapee. */
 #define BP_DRAIN_SETTLE_NS 5000000LL

@@ -74,7 +74,7 @@
 #define BP_CMD_KILL 3
 
 /* This protocol's version, in HELLO's status (0 in every build before it was sent). */
-#define BP_SUP_PROTOCOL 0x62700006
+#define BP_SUP_PROTOCOL 0x62700007
 
 #define BP_MSG_HELLO 1
 #define BP_MSG_LEADER 2
@@ -113,6 +113,10 @@ struct bp_sup_cmd {
     int32_t pad2;
     int64_t rlimits_soft[5];
     int64_t rlimits_hard[5];
+    int64_t backstop_ns;    /* > 0: from the leader's start, when the supervisor kills
+                               the run itself if no KILL came (the core's deadline plus
+                               kill_grace plus a margin: a caller stopped or blocked
+                               cannot keep its command past its bound); 0: never */
 };
 
 struct bp_sup_msg {
@@ -123,7 +127,8 @@ struct bp_sup_msg {
     int32_t status;
     int32_t unkilled;
     int32_t reusable;
-    int32_t pad;
+    int32_t backstop;       /* FINAL: the run was killed at backstop_ns, its leader
+                               still running: the deadline's doing */
     int64_t utime_us;
     int64_t stime_us;
     int64_t maxrss_kb;

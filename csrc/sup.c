@@ -708,6 +708,13 @@ int bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err)
     cmd.pgid = spec->new_session ? 0 : (int32_t)getpgrp();  /* ours, not the supervisor's */
     cmd.uid = spec->uid;
     cmd.gid = spec->gid;
+    /* The deadline held by the supervisor too, BP_BACKSTOP_NS after ours would kill:
+     * reached only when this caller did not act (stopped by Ctrl-Z or SIGSTOP, or
+     * held in an on_output that blocks), so the command never outlives its bound
+     * by more.  None without a deadline or with a kill_grace that never ends. */
+    if (spec->timeout_ns >= 0 && spec->kill_grace_ns >= 0
+        && spec->timeout_ns < INT64_MAX / 4 && spec->kill_grace_ns < INT64_MAX / 4)
+        cmd.backstop_ns = spec->timeout_ns + spec->kill_grace_ns + BP_BACKSTOP_NS;
     for (int i = 0; i < BP_NRLIMITS; i++) {
         cmd.rlimits_soft[i] = spec->rlimits_soft[i];
         cmd.rlimits_hard[i] = spec->rlimits_hard[i];
@@ -888,6 +895,8 @@ static void take_final(struct bp_run *run, const struct bp_sup_msg *m)
     res->system_time = (double)m->stime_us / 1e6;
     res->max_rss = m->maxrss_kb * 1024;
     res->unkilled = m->unkilled;
+    if (m->backstop && res->end_reason == BP_END_NONE)
+        res->end_reason = BP_END_DEADLINE;  /* killed at the deadline's backstop */
     if (m->err != 0 && res->err_stage == BP_STAGE_NONE) {
         res->err_stage = m->stage;  /* BP_STAGE_KILL, EPERM: a leader it could not kill */
         res->err_errno = m->err;

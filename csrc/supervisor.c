@@ -90,6 +90,8 @@ struct sup {
     pid_t leader;
     int new_session;
     int exited;
+    int64_t backstop_at;  /* when to kill the run ourselves (bp_sup_cmd.backstop_ns); 0: never */
+    int backstop_hit;     /* it was killed then, its leader still running: FINAL says so */
     int64_t utime_us, stime_us, maxrss_kb;
     /* Its start (start_leader), which the leader reads on our memory until its exec:
      * kept as it is until the leader is reaped (end_start). */
@@ -595,6 +597,7 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
     }
     m.unkilled = (int32_t)left + unkillable;
     m.reusable = found == 0 && !unkillable;
+    m.backstop = s->backstop_hit;
     m.utime_us = s->utime_us;
     m.stime_us = s->stime_us;
     m.maxrss_kb = s->maxrss_kb;
@@ -857,6 +860,8 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
     s->utime_us = s->stime_us = s->maxrss_kb = 0;
     s->new_session = cmd->new_session;
     s->exited = 0;
+    s->backstop_hit = 0;
+    s->backstop_at = cmd->backstop_ns > 0 ? now_ns() + cmd->backstop_ns : 0;
     s->leader = start_leader(s, cmd, fds);
     if (s->leader > 0) {
         /* Hold the output ends until FINAL (bp_supervisor.h); nothing else
@@ -872,8 +877,21 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
         send_simple(s, BP_MSG_SPAWNED, (int)s->leader, 0, 0);  /* else its pid is in the page */
 
     for (;;) {
+        int wait_ms = s->caller_fd >= 0 ? -1 : 1000;
+        if (s->backstop_at > 0) {
+            /* The caller's kill is due by now and did not come: the run is over. */
+            int64_t left = s->backstop_at - now_ns();
+            if (left <= 0) {
+                s->backstop_hit = !s->exited;
+                finish(s, 0, 1);
+                return 0;
+            }
+            int64_t ms = (left + 999999) / 1000000;
+            if (wait_ms < 0 || ms < wait_ms)
+                wait_ms = ms > INT32_MAX ? INT32_MAX : (int)ms;
+        }
         struct pollfd p[3] = {{s->sock, POLLIN, 0}, {s->sfd, POLLIN, 0}, {s->caller_fd, POLLIN, 0}};
-        int rc = poll(p, s->caller_fd >= 0 ? 3 : 2, s->caller_fd >= 0 ? -1 : 1000);
+        int rc = poll(p, s->caller_fd >= 0 ? 3 : 2, wait_ms);
         if (rc < 0 && errno != EINTR) {
             finish(s, 0, 1);
             return -1;

@@ -435,3 +435,58 @@ def test_a_child_of_the_caller_holding_a_write_end_for_a_moment_is_no_escapee(
                          check=False)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"escaped": False, "exit_code": 0}
+
+
+STOPPED_CALLER = """
+import json, os, sys
+from boundedproc import run
+f = sys.argv[1]
+r = run(["sh", "-c", f"echo $$ > {f}.tmp; mv {f}.tmp {f}; exec sleep 30"], timeout=0.5)
+print(json.dumps(dict(timed_out=r.timed_out, exit_code=r.exit_code, error=r.runner_error)))
+"""
+
+
+@needs_contain
+def test_a_stopped_caller_does_not_keep_its_command_past_the_bound(tmp_path: Path,
+                                                                     reaper: list[int]) -> None:
+    """The deadline lived in the caller alone: a caller stopped by Ctrl-Z (or SIGSTOP) left
+    its command running, unbounded, for as long as it stayed stopped (the command leads a
+    session of its own, so the terminal's stop never reaches it). The supervisor now kills
+    the run itself once the caller's final kill is 0.5 s overdue; the caller, continued,
+    reports the deadline (124)."""
+    marker = tmp_path / "pid"
+    caller = subprocess.Popen([PY, "-c", STOPPED_CALLER, str(marker)], env=importable_env(),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        command = int(marker.read_text())
+        reaper.append(command)
+        caller.send_signal(signal.SIGSTOP)
+        # timeout 0.5 + kill_grace 0 + the 0.5 s backstop, and room for a loaded machine
+        survivors = wait_dead([command], within=10)
+    finally:
+        caller.send_signal(signal.SIGCONT)
+        out, _ = caller.communicate(timeout=60)
+    assert survivors == [], "the command outlived its bound while the caller was stopped"
+    got = json.loads(out)
+    assert got == {"timed_out": True, "exit_code": 124, "error": None}, got
+
+
+@needs_contain
+def test_an_on_output_that_blocks_does_not_keep_the_command_past_the_bound() -> None:
+    """A callback that blocks (a pass-through write to a pipe nobody reads: `| less`) held
+    the loop that owns the deadline: the command ran on for as long as it blocked. The
+    supervisor kills the run at the backstop; the run reports the deadline."""
+    seen: dict[str, object] = {}
+
+    def stuck(stream: int, chunk: bytes) -> None:
+        if "pid" in seen:
+            return
+        seen["pid"] = int(chunk.split()[0])
+        seen["gone"] = wait_dead([int(chunk.split()[0])], within=10) == []
+
+    r = run(["sh", "-c", "echo $$; exec sleep 30"], timeout=0.5, on_output=stuck)
+    assert seen.get("gone") is True, seen
+    assert r.timed_out and r.exit_code == 124, r
