@@ -517,8 +517,31 @@ __attribute__((noinline)) static pid_t bp_child_start(const struct bp_child_args
     if (wait_exec)
 #endif
         flags |= CLONE_VFORK;
-    int stdio_open = pidfd != NULL && fcntl(0, F_GETFD) >= 0 && fcntl(1, F_GETFD) >= 0
-                     && fcntl(2, F_GETFD) >= 0;
+    /* The pidfd takes the lowest free fd, reserved in the table the child copies:
+     * with one of 0..2 closed in the caller, the child's dup2() onto it would fail
+     * (EBUSY).  Such a gap is filled with /dev/null for the clone's moment (the
+     * child's dup2() replaces it; close-on-exec takes it from a stream the child
+     * leaves closed), so that the pidfd, which a caller that ignores SIGCHLD
+     * needs to learn the status of a command that exits at once, lands above
+     * them.  Without /dev/null, no CLONE_PIDFD: a pidfd_open() after the start. */
+    int filled[3], nfilled = 0;
+    int stdio_open = pidfd != NULL;
+    for (int fd = 0; stdio_open && fd < 3; fd++)
+        stdio_open = fcntl(fd, F_GETFD) >= 0;
+    if (pidfd != NULL && !stdio_open) {
+        for (;;) {
+            int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+            if (fd < 0 || fd > 2) {
+                if (fd > 2)
+                    (void)close(fd);
+                break;
+            }
+            filled[nfilled++] = fd;
+        }
+        stdio_open = 1;
+        for (int fd = 0; stdio_open && fd < 3; fd++)
+            stdio_open = fcntl(fd, F_GETFD) >= 0;
+    }
     pid = -1;
     errno = EINVAL;
     if (stdio_open)
@@ -528,6 +551,10 @@ __attribute__((noinline)) static pid_t bp_child_start(const struct bp_child_args
             *pidfd = -1;
         pid = clone(bp_child_entry, top, flags, (void *)a);
     }
+    int clone_errno = errno;
+    for (int i = 0; i < nfilled; i++)
+        (void)close(filled[i]);
+    errno = clone_errno;
 #else
     (void)stack;
     (void)stack_size;

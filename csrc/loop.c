@@ -390,6 +390,12 @@ static void wait_group_dead(struct bp_run *run)
     int64_t began = bp__now_ns();
     long step_ns = 100000;
     for (;;) {
+        /* Members that are our children now (a caller that is a subreaper, or PID 1
+         * of its namespace, adopts the run's orphans): reaped, or they would stay
+         * zombies for the caller's life.  A group id is not reused while a member,
+         * zombie or not, is in it, so these are the run's. */
+        while (waitpid(-run->pid, NULL, WNOHANG) > 0)
+            ;
         if (kill(-run->pid, 0) < 0)
             return;                     /* no member left, zombie or not */
         int64_t now = bp__now_ns();

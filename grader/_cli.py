@@ -1026,8 +1026,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status, as ``_main``'s.
     """
+    if sys.stderr is None:
+        # Started with fd 2 closed: Python has no sys.stderr, and print(file=None) would
+        # put every message on stdout, among the verdicts. They have nowhere to go.
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the process's life
     try:
         return _main(argv)
+    except KeyboardInterrupt:
+        # Before any check started (a Ctrl-C while the runner is imported): nothing to
+        # kill, and no traceback for what the user asked for.
+        print("grader: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception:  # noqa: BLE001 - reported: exit 3
         traceback.print_exc()
         print("grader: internal error (exit 3: no verdict)", file=sys.stderr)

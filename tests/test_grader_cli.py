@@ -1163,3 +1163,31 @@ def test_verbose_with_a_dask_executor_is_a_usage_error(tmp_path: Path, capsys: A
         cli.main([str(path), "--verbose", "--executor", "dask://127.0.0.1:1"])
     assert exited.value.code == 2
     assert "--verbose streams the output of checks run here" in capsys.readouterr().err
+
+
+def test_the_grader_started_with_fd_2_closed_still_grades(tmp_path: Path) -> None:
+    """With fd 2 closed Python has no sys.stderr: the progress display crashed the pass
+    (exit 3, no verdict), and print(file=None) would have put messages among the verdicts
+    on stdout. Its messages now go nowhere; stdout holds verdicts only."""
+    proc = subprocess.run(
+        ["sh", "-c", 'exec 2>&-; exec "$@"', "sh", sys.executable, "-m", "grader",
+         str(REPO / "examples" / "claims.jsonl"), "--jobs", "2"],
+        cwd=tmp_path, env=importable_env(), capture_output=True, text=True, timeout=120,
+        check=False)
+    assert proc.returncode == 1, proc.stdout
+    lines = output_lines(proc.stdout)
+    assert {line["verdict"] for line in lines} == {v.value for v in Verdict}
+    assert all(line.startswith("{") for line in proc.stdout.splitlines() if line.strip())
+
+
+def test_a_ctrl_c_before_any_check_started_is_130_without_a_traceback(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Ctrl-C in the first moments (while the runner is imported, before the pass's own
+    handler) printed a KeyboardInterrupt traceback; it is `grader: interrupted`, 130."""
+    def interrupted(argv: object = None) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_main", interrupted)
+    assert cli.main([]) == 130
+    err = capsys.readouterr().err
+    assert "grader: interrupted" in err and "Traceback" not in err
