@@ -180,11 +180,12 @@ def contain_default() -> bool:
 class _Supervisor:
     """One started supervisor (``struct bp_sup``), owned by one thread's pool."""
 
-    __slots__ = ("__weakref__", "pid", "ptr")
+    __slots__ = ("__weakref__", "pid", "ptr", "served")
 
     def __init__(self, ptr: object) -> None:
         self.ptr = ptr
         self.pid = int(lib.bp_sup_pid(ptr))  # for a failure's text: it never changes
+        self.served = False  # a run ended on it: an idle one, taken up again
 
     def usable(self) -> bool:
         return self.ptr is not None and bool(lib.bp_sup_usable(self.ptr))
@@ -325,6 +326,7 @@ def _sup_start_failed(stage: int, err: int, explicit: bool) -> _StartFailure | N
 def _release(sup: _Supervisor) -> None:
     # The run just ended with it: only what the run found counts here (no system call);
     # _acquire looks again before the next run.
+    sup.served = True
     idle: list[_Supervisor] | None = getattr(_pool, "idle", None)
     if (sup.ptr is not None and lib.bp_sup_reusable(sup.ptr) and idle is not None
             and len(idle) < _MAX_IDLE):
@@ -704,8 +706,19 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
     if isinstance(sup, _StartFailure):
         return _spawn_failure(sup, spec)
     try:
-        return _drive(c, res, handle, ffi.NULL if sup is None else sup.ptr,
-                      0 if sup is None else sup.pid, on_output, control)
+        outcome = _drive(c, res, handle, ffi.NULL if sup is None else sup.ptr,
+                         0 if sup is None else sup.pid, on_output, control)
+        if sup is not None and sup.served and outcome.runner_failure and not outcome.spawned:
+            # An idle supervisor that died between runs (killed from outside, the OOM
+            # killer) and was still taken up, its death not yet seen: nothing of the
+            # command ran, so it runs once more, on a fresh one.
+            _release(sup)
+            sup = _acquire(spec.contain_explicit)
+            if isinstance(sup, _StartFailure):
+                return _spawn_failure(sup, spec)
+            outcome = _drive(c, res, handle, ffi.NULL if sup is None else sup.ptr,
+                             0 if sup is None else sup.pid, on_output, control)
+        return outcome
     finally:
         if sup is not None:
             _release(sup)

@@ -216,10 +216,12 @@ static int cancelled_now(const struct bp_spec *spec)
 }
 
 /* One try at a run, start to end, with the worker's supervisor (started or
- * replaced here). */
-static void run_once(struct bp_batch *b, int index, struct bp_sup **sup, struct item *it)
+ * replaced here).  Returns 1 when it ran on a supervisor taken up again (one
+ * that served a run before), else 0. */
+static int run_once(struct bp_batch *b, int index, struct bp_sup **sup, struct item *it)
 {
     struct bp_batch_done *d = &it->done;
+    int reused = 0;
     struct bp_sup *use = NULL;
     if (it->spec->contain) {
         if (*sup != NULL && !bp__sup_usable(*sup, BP_ORIGIN_WHO)) {
@@ -233,9 +235,11 @@ static void run_once(struct bp_batch *b, int index, struct bp_sup **sup, struct 
                 d->stage = stage;
                 d->err = errno;
                 *sup = NULL;
-                return;
+                return 0;
             }
             b->sups[index] = *sup;
+        } else {
+            reused = 1;
         }
         use = *sup;
         d->sup_pid = bp_sup_pid(use);
@@ -243,7 +247,7 @@ static void run_once(struct bp_batch *b, int index, struct bp_sup **sup, struct 
     struct bp_run *run = NULL;
     if (bp_start(it->spec, it->res, use, &run) < 0) {
         d->rc = BP_BATCH_NO_HANDLE;
-        return;
+        return 0;
     }
     int rc;
     do {
@@ -259,6 +263,7 @@ static void run_once(struct bp_batch *b, int index, struct bp_sup **sup, struct 
         bp_sup_free(use);
         *sup = b->sups[index] = NULL;
     }
+    return reused;
 }
 
 /* Whether the try found the process (or the system) out of fds, before
@@ -321,13 +326,22 @@ static void run_item(struct bp_batch *b, int index, struct bp_sup **sup, struct 
 {
     struct bp_batch_done *d = &it->done;
     d->start_ns = bp__now_ns();
-    int tries_alone = 0;
+    int tries_alone = 0, retried = 0;
     for (;;) {
         if (cancelled_now(it->spec)) {
             d->rc = BP_BATCH_CANCELLED;
             return;
         }
-        run_once(b, index, sup, it);
+        int reused = run_once(b, index, sup, it);
+        if (reused && !retried && d->rc == BP_BATCH_DONE && d->run == NULL
+            && !it->res->spawned && it->res->runner_failed) {
+            /* A supervisor that died while it waited for this run (killed from
+             * outside, the OOM killer), its death not yet seen: nothing of the
+             * command ran (its leader reports itself before its exec), so it
+             * runs once more, on a fresh one (run_once freed this one). */
+            retried = 1;
+            continue;
+        }
         if (!out_of_fds(it))
             return;
         int w = wait_for_fds(b, it, &tries_alone);

@@ -266,6 +266,20 @@ def test_a_parked_supervisor_killed_from_outside_is_not_taken_up() -> None:
     assert second & first  # the other one was taken up
 
 
+def test_parked_supervisors_killed_just_before_the_next_call_cost_no_run() -> None:
+    """Parked workers' supervisors SIGKILLed from outside right before the next call
+    takes them up (their deaths not yet seen): the runs handed to them never started,
+    and came back spawn failures; each now runs again on a fresh supervisor."""
+    bad = []
+    for _ in range(20):
+        supervisors = supervisors_of(2, n=2)
+        for sup in supervisors:
+            os.kill(sup, signal.SIGKILL)
+        results = list(run_many([["echo", "again"]] * 2, jobs=2))
+        bad += [r.runner_error for r in results if not (r.ok and r.stdout == b"again\n")]
+    assert bad == []
+
+
 @fork_with_threads
 def test_a_forked_child_never_takes_up_its_parents_parked_workers() -> None:
     """os.fork() after workers were parked: they end before the fork (their supervisors

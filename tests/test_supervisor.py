@@ -693,6 +693,23 @@ def test_supervisor_killed_between_runs() -> None:
     assert sup not in _native.supervisor_pids()
 
 
+def test_supervisor_killed_just_before_the_next_run_costs_no_run() -> None:
+    """An idle supervisor SIGKILLed from outside (an admin, the OOM killer) right before
+    the next run: its death was not yet seen (a SIGKILL takes effect after kill()
+    returns), the run was handed to it, and 32 of 40 such runs came back spawn failures
+    ("the command never started"), which a grader grades unrunnable. Nothing of the command
+    ran, so it runs again on a fresh supervisor."""
+    bad = []
+    for _ in range(40):
+        run(["true"])
+        for sup in _native.supervisor_pids():
+            os.kill(sup, signal.SIGKILL)
+        r = run(["echo", "again"])
+        if not (r.ok and r.stdout == b"again\n"):
+            bad.append(r.runner_error)
+    assert bad == []
+
+
 def test_supervisor_killed_during_a_run() -> None:
     """A supervisor SIGKILLed from outside mid-run: runner failed, group dead, next run fine."""
     run(["true"])
