@@ -713,9 +713,11 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
             # killer) and was still taken up, its death not yet seen: nothing of the
             # command ran, so it runs once more, on a fresh one.
             _release(sup)
-            sup = _acquire(spec.contain_explicit)
-            if isinstance(sup, _StartFailure):
-                return _spawn_failure(sup, spec)
+            sup = None
+            fresh = _acquire(spec.contain_explicit)
+            if isinstance(fresh, _StartFailure):
+                return _spawn_failure(fresh, spec)
+            sup = fresh
             outcome = _drive(c, res, handle, ffi.NULL if sup is None else sup.ptr,
                              0 if sup is None else sup.pid, on_output, control)
         return outcome
