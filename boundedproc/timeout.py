@@ -35,6 +35,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 from boundedproc import _native
 from boundedproc._options import INHERIT, validate
@@ -631,6 +632,7 @@ class _Timeout:
         self.armed = False
         self.stderr_failed = False
         self.sent_kill = False  # KILL sent to the group: coreutils is killed by it too
+        self.tty: tuple[int, list[Any]] | None = None  # a terminal's modes at the start
 
     # -- messages --
 
@@ -801,6 +803,8 @@ class _Timeout:
 
     def run(self) -> int:
         prepared = self.prepared(self.args.command)
+        if not self.args.foreground:
+            self.tty = _terminal_modes()
         # From here on a signal is sent on: once the command is attached to
         # self.control (until then it is tried again each millisecond).
         self.running = True
@@ -822,6 +826,13 @@ class _Timeout:
         return self.finish(result, outcome)
 
     def finish(self, result: AnyResult, outcome: _native.NativeOutcome | None) -> int:
+        if self.sent_kill and self.tty is not None:
+            # coreutils is killed by the KILL it sends its own group, and the shell then
+            # restores the terminal modes it saved before the job: those a program left
+            # raw (`stty raw`, a full-screen program) when it died mid-way.  We end by
+            # exit(137) instead, which the shell takes as a job that set its modes on
+            # purpose; so they are restored here, while we are the terminal's foreground.
+            _restore_terminal_modes(*self.tty)
         status, die_by = self.status(result, outcome)
         if self.args.json:
             from boundedproc.__main__ import result_json
@@ -864,6 +875,31 @@ class _Timeout:
         if self.timed_out and not self.args.preserve_status and sig != signal.SIGKILL:
             return EXIT_TIMEDOUT, None
         return status, None
+
+
+def _terminal_modes() -> tuple[int, list[Any]] | None:
+    """The modes of the first of fds 0-2 that is a terminal, with the fd; None: none is."""
+    import termios
+
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                return fd, termios.tcgetattr(fd)
+        except (OSError, termios.error):
+            continue
+    return None
+
+
+def _restore_terminal_modes(fd: int, modes: list[Any]) -> None:
+    """Set a terminal's modes back, only while our group is its foreground (never a
+    background job's change of a terminal another job reads)."""
+    import termios
+
+    try:
+        if os.tcgetpgrp(fd) == os.getpgrp():
+            termios.tcsetattr(fd, termios.TCSANOW, modes)
+    except (OSError, termios.error):
+        pass
 
 
 def _script_argv(prepared: Prepared,

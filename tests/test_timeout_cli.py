@@ -956,3 +956,31 @@ def test_no_process_left_behind_by_this_file() -> None:
     mine = [p for p in psutil.process_iter(["cmdline"])
             if "boundedproc.timeout" in " ".join(p.info["cmdline"] or []) and ours(p)]
     assert wait_dead([p.pid for p in mine], within=10) == []
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None or shutil.which("stty") is None,
+                    reason="needs setsid and stty")
+def test_a_kill_at_the_deadline_leaves_the_terminal_as_it_was() -> None:
+    """A command that set its terminal raw (`stty raw -echo`, a full-screen program) and
+    was killed by -s KILL left it raw: coreutils is killed by that KILL too, and the
+    shell restores the modes it saved before the job; we exit 137, which the shell takes
+    as a job that set its modes on purpose. The modes are now set back before the exit."""
+    import termios
+
+    master, slave = os.openpty()
+    try:
+        name = os.ttyname(slave)
+        before = termios.tcgetattr(slave)
+        assert before[3] & termios.ICANON and before[3] & termios.ECHO
+        # The terminal becomes the controlling one of a new session, its group foreground.
+        proc = subprocess.run(
+            ["setsid", "sh", "-c", f'exec "$@" <>{name} >&0 2>&0', "sh",
+             sys.executable, "-m", "boundedproc.timeout", "-s", "KILL", "0.5",
+             "sh", "-c", "stty raw -echo; sleep 30"],
+            env=importable_env(), timeout=60, check=False)
+        assert proc.returncode == 137
+        after = termios.tcgetattr(slave)
+        assert after[3] & termios.ICANON and after[3] & termios.ECHO, "left raw"
+    finally:
+        os.close(master)
+        os.close(slave)
