@@ -761,8 +761,10 @@ class _FdShare:
                         self.waiting += 1
                         self.cv.wait(0.02)
                         self.waiting -= 1
-                if self._over(started, options):
+                if self._timed_out(started, options):
                     break
+                # Cancelled meanwhile: the next run() says so (not spawned, cancelled), as
+                # for any run whose switch was set before its spawn.
         finally:
             with self.cv:
                 self.running -= 1
@@ -772,11 +774,8 @@ class _FdShare:
         return result
 
     @staticmethod
-    def _over(started: float, options: dict[str, Any]) -> bool:
-        """Whether a run waiting for fds is to keep its EMFILE: cancelled, or past its timeout."""
-        switches = (options.get("cancel"), ALSO_CANCEL.get())
-        if any(c is not None and c.cancelled for c in switches):
-            return True
+    def _timed_out(started: float, options: dict[str, Any]) -> bool:
+        """Whether a run waiting for fds is to keep its EMFILE: past its timeout."""
         timeout = options.get("timeout", DEFAULT_TIMEOUT)
         return timeout is not None and time.monotonic() - started >= timeout
 

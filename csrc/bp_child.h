@@ -418,6 +418,18 @@ __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child
     int stage = 0;
     if ((r = bp_child_set_ids(a, &stage)) < 0)
         bp_child_fail(a, stage, r);
+#ifdef __linux__
+    if (a->uid >= 0 || a->gid >= 0) {
+        /* The kernel clears the parent-death signal when the ids change: set it
+         * again, or a leader whose parent died from here to its exec would run
+         * on, unowned (and a start the core counts as never made could run
+         * twice: _native.execute retries such a start). */
+        if ((r = BP_SYS2(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL)) < 0)
+            bp_child_fail(a, BP_STAGE_PRCTL, r);
+        if (bpc_getppid() != a->parent)
+            bpc_exit(BP_SPAWN_FAILURE_EXIT_CODE);
+    }
+#endif
 
     (void)bpc_unblock_all();
     if (a->leader_slot != NULL) {

@@ -600,3 +600,40 @@ def test_a_run_no_fd_is_ever_freed_for_is_a_spawn_failure_at_once() -> None:
     assert got["spawned"] == [False] * 3, got
     assert all(e.startswith("spawn failed: EMFILE") for e in got["errors"]), got
     assert got["took"] < 5, got
+
+
+CANCEL_WHILE_WAITING_FOR_FDS = """
+import json, os, resource, sys, threading, time
+from boundedproc import Cancel, run_many
+resource.setrlimit(resource.RLIMIT_NOFILE, (96, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+opts = {"on_output": lambda stream, chunk: None} if sys.argv[1] == "python" else {}
+switch = Cancel()
+held = []
+def take_all_but_two():  # another thread of the caller's, holding the fds to the end
+    time.sleep(0.15)
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    for _ in range(2):
+        os.close(held.pop())
+threading.Thread(target=take_all_but_two).start()
+threading.Timer(2.5, switch.cancel).start()
+rs = list(run_many([["sh", "-c", "sleep 1"]] * 12, jobs=4, cancel=switch, timeout=30, **opts))
+print(json.dumps([[r.cancelled, r.spawned, r.runner_error] for r in rs]))
+"""
+
+
+@pytest.mark.parametrize("workers", ["core", "python"])
+def test_a_run_cancelled_while_it_waits_for_fds_is_cancelled(workers: str) -> None:
+    """A run waiting for fds when its switch is set comes back cancelled and not spawned,
+    as a run cancelled before its spawn does, never `spawn failed: EMFILE` (the Python
+    workers kept the EMFILE)."""
+    done = subprocess.run([PY, "-c", CANCEL_WHILE_WAITING_FOR_FDS, workers],
+                          env=importable_env(), capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert not any(error and "EMFILE" in error for _, _, error in got), got
+    assert any(cancelled and not spawned for cancelled, spawned, _ in got), got

@@ -355,3 +355,24 @@ def test_a_leader_that_took_root_for_good_is_let_go_within_the_bound(contain: bo
                 if held.exe() == prog:  # the run's own leader, left running: ours to end
                     held.send_signal(signal.SIGKILL)
         shutil.rmtree(where, ignore_errors=True)
+
+
+PDEATHSIG_OF_SELF = (
+    "import ctypes; v = ctypes.c_int(-1); "
+    "ctypes.CDLL(None).prctl(2, ctypes.byref(v), 0, 0, 0); print(v.value)"  # PR_GET_PDEATHSIG
+)
+
+
+@needs_root
+@CONTAIN
+def test_a_leader_run_as_another_user_keeps_its_parent_death_signal(contain: bool) -> None:
+    """The kernel clears a process's parent-death signal when its ids change: a leader
+    started with user= ran without one (0), so a supervisor (or an uncontained caller's
+    thread) that died before the leader's exec left it running, unowned. It is set again
+    after the ids are changed."""
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no system python3 that nobody can run")
+    r = run([python, "-c", PDEATHSIG_OF_SELF], user="nobody", contain=contain, timeout=30)
+    assert r.ok, r
+    assert r.stdout.strip() == str(int(signal.SIGKILL)).encode(), r.stdout
