@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -517,25 +518,40 @@ def test_a_forked_child_cannot_go_on_with_python_workers() -> None:
     assert [x.stdout for x in it] == [b"x\n"] * 5
 
 
-LOW_NOFILE = """
+# A fresh interpreter under RLIMIT_NOFILE at `limit`, with take_fds(): another thread of
+# the caller's that, `after` seconds in, takes every fd but `spare`, for `hold` seconds
+# (None: to the end). The scripts below follow it.
+FD_HOG = """
 import json, os, resource, sys, threading, time
+held = []
+def take_fds(limit, after, spare, hold):
+    resource.setrlimit(resource.RLIMIT_NOFILE,
+                       (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    def hog():
+        time.sleep(after)
+        try:
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        for _ in range(spare):
+            os.close(held.pop())
+        if hold is not None:
+            time.sleep(hold)
+            for fd in held:
+                os.close(fd)
+    threading.Thread(target=hog).start()
+"""
+
+LOW_NOFILE = FD_HOG + """
 from boundedproc import run_many
 limit, jobs, contain, hog = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
 tmpdir = sys.argv[5] == "python"  # tmpdir=True runs on Python workers calling run()
-resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-held = []
-def take_every_fd():  # another thread of the caller's, taking every fd for 0.3 s
-    time.sleep(0.1)
-    try:
-        while True:
-            held.append(os.open(os.devnull, os.O_RDONLY))
-    except OSError:
-        pass
-    time.sleep(0.3)
-    for fd in held:
-        os.close(fd)
 if hog == "hog":
-    threading.Thread(target=take_every_fd).start()
+    take_fds(limit, after=0.1, spare=0, hold=0.3)
+else:
+    resource.setrlimit(resource.RLIMIT_NOFILE,
+                       (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 n, cmd = (24, ["sleep", "0.3"]) if hog == "hog" else (64, ["sleep", "0.1"])
 t0 = time.monotonic()
 rs = list(run_many([cmd] * n, jobs=jobs, contain=contain, timeout=30, tmpdir=tmpdir))
@@ -544,11 +560,16 @@ print(json.dumps({"bad": [r.runner_error for r in rs if not r.ok], "held": len(h
 """
 
 
-def _low_nofile(*args: object) -> dict[str, object]:
-    done = subprocess.run([PY, "-c", LOW_NOFILE, *map(str, args)], env=importable_env(),
+def _script_json(script: str, *args: object) -> Any:
+    """Run a script in a fresh interpreter; what it printed, as JSON."""
+    done = subprocess.run([PY, "-c", script, *map(str, args)], env=importable_env(),
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    got: dict[str, object] = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def _low_nofile(*args: object) -> dict[str, object]:
+    got: dict[str, object] = _script_json(LOW_NOFILE, *args)
     return got
 
 
@@ -593,32 +614,17 @@ print(json.dumps({"errors": [r.runner_error for r in rs], "spawned": [r.spawned 
 def test_a_run_no_fd_is_ever_freed_for_is_a_spawn_failure_at_once() -> None:
     """With no other run of the batch holding fds, EMFILE is the run's result (SPEC 2.1: a
     spawn failure, exit 127), at once: the wait for fds never outlasts the runs it waits for."""
-    done = subprocess.run([PY, "-c", EMFILE_ALONE], env=importable_env(),
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    got = json.loads(done.stdout)
+    got = _script_json(EMFILE_ALONE)
     assert got["spawned"] == [False] * 3, got
     assert all(e.startswith("spawn failed: EMFILE") for e in got["errors"]), got
     assert got["took"] < 5, got
 
 
-CANCEL_WHILE_WAITING_FOR_FDS = """
-import json, os, resource, sys, threading, time
+CANCEL_WHILE_WAITING_FOR_FDS = FD_HOG + """
 from boundedproc import Cancel, run_many
-resource.setrlimit(resource.RLIMIT_NOFILE, (96, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 opts = {"on_output": lambda stream, chunk: None} if sys.argv[1] == "python" else {}
 switch = Cancel()
-held = []
-def take_all_but_two():  # another thread of the caller's, holding the fds to the end
-    time.sleep(0.15)
-    try:
-        while True:
-            held.append(os.open(os.devnull, os.O_RDONLY))
-    except OSError:
-        pass
-    for _ in range(2):
-        os.close(held.pop())
-threading.Thread(target=take_all_but_two).start()
+take_fds(96, after=0.15, spare=2, hold=None)
 threading.Timer(2.5, switch.cancel).start()
 rs = list(run_many([["sh", "-c", "sleep 1"]] * 12, jobs=4, cancel=switch, timeout=30, **opts))
 print(json.dumps([[r.cancelled, r.spawned, r.runner_error] for r in rs]))
@@ -630,10 +636,6 @@ def test_a_run_cancelled_while_it_waits_for_fds_is_cancelled(workers: str) -> No
     """A run waiting for fds when its switch is set comes back cancelled and not spawned,
     as a run cancelled before its spawn does, never `spawn failed: EMFILE` (the Python
     workers kept the EMFILE)."""
-    done = subprocess.run([PY, "-c", CANCEL_WHILE_WAITING_FOR_FDS, workers],
-                          env=importable_env(), capture_output=True, text=True, timeout=120,
-                          check=False)
-    assert done.returncode == 0, done.stderr
-    got = json.loads(done.stdout)
+    got = _script_json(CANCEL_WHILE_WAITING_FOR_FDS, workers)
     assert not any(error and "EMFILE" in error for _, _, error in got), got
     assert any(cancelled and not spawned for cancelled, spawned, _ in got), got

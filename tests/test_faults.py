@@ -33,10 +33,15 @@ def injector(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(out)
 
 
-def _under_fault(injector: str, code: str) -> dict[str, object]:
+def _env_with(injector: str) -> dict[str, str]:
     env = importable_env()
     # After any preload already there (the sanitizer runtime must come first).
     env["LD_PRELOAD"] = " ".join(p for p in (env.get("LD_PRELOAD"), injector) if p)
+    return env
+
+
+def _under_fault(injector: str, code: str) -> dict[str, object]:
+    env = _env_with(injector)
     prog = ("import ctypes, json, sys\n"
             "from boundedproc import run\n"
             "fault = ctypes.CDLL(None)\n"
@@ -82,13 +87,11 @@ def test_a_failed_wait_on_the_supervisor_says_why(injector: str) -> None:
 
 def test_the_injector_is_only_armed_on_purpose(injector: str) -> None:
     """Unarmed, the injector changes nothing: the faults above are the ones chosen."""
-    env = importable_env()
-    env["LD_PRELOAD"] = " ".join(p for p in (env.get("LD_PRELOAD"), injector) if p)
     done = subprocess.run(
         [sys.executable, "-c",
          ("from boundedproc import run; r = run(['sh', '-c', 'echo hi']); "
           "print(r.ok, r.stdout, r.runner_error)")],
-        env=env, capture_output=True, text=True, timeout=60, check=False)
+        env=_env_with(injector), capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True b'hi\\n' None"
     assert os.path.exists(injector)

@@ -16,6 +16,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import (
@@ -87,6 +88,17 @@ def test_no_process_of_the_group_is_running_when_run_returns(contain: bool | Non
     assert left == []
 
 
+def _fork_script(script: str, how: str) -> Any:
+    """Run a forking script for `how` ("contained" or not) in a fresh interpreter; what
+    it printed, as JSON."""
+    if how == "contained" and boundedproc.containment_status() != "available":
+        pytest.skip("no containment here")
+    done = subprocess.run([PY, "-c", script, how], env=importable_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 # Another thread fork()s children that live on without exec (multiprocessing "fork"
 # workers) while runs start: none of them may keep a copy of a run's pipes.
 FORKS_DURING_RUNS = """
@@ -126,12 +138,7 @@ def test_a_child_forked_while_runs_start_keeps_none_of_their_pipes(how: str) -> 
     or the stdin's write end, in the forked child: the run's stdout never reached EOF
     (escaped) or `cat` never saw its stdin's (124). fork() now waits for the few
     microseconds a run takes to set them up (spawn.c, "The fork guard")."""
-    if how == "contained" and boundedproc.containment_status() != "available":
-        pytest.skip("no containment here")
-    done = subprocess.run([PY, "-c", FORKS_DURING_RUNS, how], env=importable_env(),
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    got = json.loads(done.stdout)
+    got = _fork_script(FORKS_DURING_RUNS, how)
     assert got["runs"] >= 3 and got["bad"] == [], got
 
 
@@ -166,12 +173,7 @@ def test_a_child_forked_while_stdin_is_written_keeps_no_write_end(how: str) -> N
     forked meanwhile (another thread's os.fork(), a multiprocessing worker) kept the
     stdin's write end, so `wc` never saw EOF and the run ended at its deadline (124). The
     fork's child now has that fd pointed at /dev/null (spawn.c, the guard's list)."""
-    if how == "contained" and boundedproc.containment_status() != "available":
-        pytest.skip("no containment here")
-    done = subprocess.run([PY, "-c", FORK_WHILE_STDIN_IS_WRITTEN, how], env=importable_env(),
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    got = json.loads(done.stdout)
+    got = _fork_script(FORK_WHILE_STDIN_IS_WRITTEN, how)
     assert got["ok"] and got["out"] == str(4 << 20) and got["delivered"], got
     assert not got["timed_out"] and got["duration"] < 4, got
 
