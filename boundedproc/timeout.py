@@ -609,6 +609,7 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, sign
 _NOT_CAUGHT = {0, signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGTSTP,
                signal.SIGCONT, signal.SIGTTIN, signal.SIGTTOU}
 _RETRY = 0.001  # a signal that came while the command was being started: again after 1 ms
+_TSTP_GRACE = 0.05  # seconds between the SIGTSTP and the SIGSTOP of a Ctrl-Z (on_stop)
 _MAX_ALARM = float(2**31)  # setitimer's reach, about 68 years; a longer wait is re-armed
 
 
@@ -740,7 +741,13 @@ class _Timeout:
         if self.live():
             # COMMAND leads a session of its own, so its process group is
             # orphaned and the kernel drops a SIGTSTP it has no handler for:
-            # SIGSTOP is what stops it.
+            # SIGSTOP is what stops it.  SIGTSTP goes first, and a moment
+            # before: a program that handles it (a full-screen one: less, vim,
+            # a readline prompt) restores the terminal as it would before a
+            # Ctrl-Z, instead of being stopped with it raw and confused after
+            # `fg`; SIGCONT then has it redraw.
+            self.control.send_signal(signal.SIGTSTP)
+            time.sleep(_TSTP_GRACE)
             self.control.send_signal(signal.SIGSTOP)
         signal.signal(signal.SIGTSTP, signal.SIG_DFL)
         try:

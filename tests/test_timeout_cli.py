@@ -927,6 +927,47 @@ def test_ctrl_z_stops_the_command_and_the_deadline_keeps_wall_time(
     assert ended - began < 6.0
 
 
+# A command that handles SIGTSTP (as a full-screen program does, to set its terminal back)
+# and notes each one; it ends once told to by the file.
+TSTP_HANDLER = """
+import signal, sys, time
+out = sys.argv[1]
+def on_tstp(sig, frame):
+    with open(out, "a") as f:
+        f.write("tstp\\n")
+signal.signal(signal.SIGTSTP, on_tstp)
+with open(out, "a") as f:
+    f.write("ready\\n")
+until = time.monotonic() + 30
+while time.monotonic() < until and "go-on" not in open(out).read():
+    time.sleep(0.01)
+"""
+
+
+def test_ctrl_z_lets_a_command_that_handles_sigtstp_handle_it(tmp_path: Path) -> None:
+    """Ctrl-Z stopped COMMAND with SIGSTOP alone (its own session's SIGTSTP is dropped by
+    the kernel when unhandled), so a full-screen program never set its terminal back and
+    was confused after `fg`. It now gets SIGTSTP first, a moment before the SIGSTOP."""
+    out = tmp_path / "notes"
+    out.write_text("")
+    p = subprocess.Popen([*CLI, "30", PY, "-c", TSTP_HANDLER, str(out)], env=importable_env())
+    try:
+        deadline = time.monotonic() + 30
+        while "ready" not in out.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        p.send_signal(signal.SIGTSTP)  # what the terminal sends on Ctrl-Z
+        while psutil.Process(p.pid).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert out.read_text().split() == ["ready", "tstp"]
+    finally:
+        with out.open("a") as f:
+            f.write("go-on\n")
+        p.send_signal(signal.SIGCONT)
+        assert p.wait(60) == 0
+
+
 # --- coreutils' own tests ----------------------------------------------------------
 
 CASES = Path(__file__).parent / "coreutils_timeout" / "run_cases.sh"
