@@ -774,19 +774,13 @@ static int start_worker(struct bp_batch *b)
         return ENOMEM;
     arg->b = b;
     arg->index = b->nthreads;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    (void)pthread_attr_setstacksize(&attr, 256 * 1024);
-#ifndef __linux__
-    (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+#ifdef __linux__
+    int detached = 0;
+#else
+    int detached = 1;
 #endif
     pthread_t thread;
-    int rc = pthread_create(&thread, &attr, worker, arg);
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int rc = bp__quiet_thread(&thread, 256 * 1024, detached, worker, arg);
     if (rc != 0) {
         free(arg);
         return rc;

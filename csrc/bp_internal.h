@@ -138,6 +138,8 @@ int bp__make_pipe(int p[2]);
 void bp__fork_guard(void);
 void bp__fork_unguard(void);
 int bp__fork_hide(int fd);
+int bp__quiet_thread(pthread_t *out, size_t stack_size, int detached,
+                     void *(*fn)(void *), void *arg);
 void bp__fork_unhide(int fd);
 int bp__set_nonblock(int fd);
 void bp__spawn_failed(struct bp_run *run, int stage, int err);

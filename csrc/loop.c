@@ -306,18 +306,8 @@ static int let_go_unkillable(struct bp_run *run)
     }
     res->unkilled++;
     bp__record_unknown_status(res);
-    pthread_attr_t attr;
-    pthread_t thread;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
-    if (pthread_attr_init(&attr) == 0) {
-        (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        (void)pthread_attr_setstacksize(&attr, 64 * 1024);
-        (void)pthread_create(&thread, &attr, reap_later, (void *)(intptr_t)run->pid);
-        pthread_attr_destroy(&attr);  /* no thread: a zombie until this process exits */
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_t thread;  /* without one, a zombie until this process exits */
+    (void)bp__quiet_thread(&thread, 64 * 1024, 1, reap_later, (void *)(intptr_t)run->pid);
     run->reaped = 1;  /* not ours to signal or wait for any more */
     bp__close_fd(&run->exit_fd);
     return 1;
@@ -539,11 +529,7 @@ static int start_exit_watch(struct bp_run *run)
     (void)fcntl(p[1], F_SETFD, FD_CLOEXEC);
     run->exit_fd = p[0];
     run->watch_pipe_w = p[1];
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);  /* the watcher takes no signals */
-    int rc = pthread_create(&run->watcher, NULL, watcher_main, run);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int rc = bp__quiet_thread(&run->watcher, 0, 0, watcher_main, run);  /* takes no signals */
     if (rc != 0) {
         run->res->err_stage = BP_STAGE_THREAD;
         run->res->err_errno = rc;

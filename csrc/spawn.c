@@ -193,6 +193,30 @@ void bp__fork_unhide(int fd)
     pthread_mutex_unlock(&hidden_lock);
 }
 
+/* Start fn(arg) on a thread born with every signal blocked, so that the
+ * caller's handlers run in its own threads (the calling thread's mask is as it
+ * was on return); stack_size 0: the default.  Returns 0 or pthread_create's
+ * error. */
+int bp__quiet_thread(pthread_t *out, size_t stack_size, int detached,
+                     void *(*fn)(void *), void *arg)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    pthread_attr_t attr;
+    int rc = pthread_attr_init(&attr);
+    if (rc == 0) {
+        if (stack_size > 0)
+            (void)pthread_attr_setstacksize(&attr, stack_size);
+        if (detached)
+            (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        rc = pthread_create(out, &attr, fn, arg);
+        pthread_attr_destroy(&attr);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
 /* A close-on-exec pipe, both ends above stdio. */
 int bp__make_pipe(int p[2])
 {
