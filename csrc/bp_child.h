@@ -541,18 +541,15 @@ __attribute__((noinline)) static pid_t bp_child_start(const struct bp_child_args
     for (int fd = 0; stdio_open && fd < 3; fd++)
         stdio_open = fcntl(fd, F_GETFD) >= 0;
     if (pidfd != NULL && !stdio_open) {
-        for (;;) {
-            int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-            if (fd < 0 || fd > 2) {
-                if (fd > 2)
-                    (void)close(fd);
-                break;
-            }
+        /* open() takes the lowest free fd: each one under 3 fills a gap, and the
+         * first above them says that none is left. */
+        int fd;
+        while ((fd = open("/dev/null", O_RDWR | O_CLOEXEC)) >= 0 && fd <= 2)
             filled[nfilled++] = fd;
+        if (fd > 2) {
+            (void)close(fd);
+            stdio_open = 1;
         }
-        stdio_open = 1;
-        for (int fd = 0; stdio_open && fd < 3; fd++)
-            stdio_open = fcntl(fd, F_GETFD) >= 0;
     }
     pid = -1;
     errno = EINVAL;
