@@ -718,6 +718,8 @@ def execute(spec: NativeSpec, *, on_output: Callable[[int, bytes], None] | None 
             if isinstance(fresh, _StartFailure):
                 return _spawn_failure(fresh, spec)
             sup = fresh
+            # _drive called again, not through a nested helper: a traceback through a
+            # helper's frame would keep the supervisor that the finally below lets go.
             outcome = _drive(c, res, handle, ffi.NULL if sup is None else sup.ptr,
                              0 if sup is None else sup.pid, on_output, control)
         return outcome

@@ -747,8 +747,10 @@ class _FdShare:
         try:
             started = time.monotonic()
             tries_alone = 0
+            # check=True is applied once the run is final, not to an EMFILE to try again.
+            unchecked = {**options, "check": False} if options["check"] else options
             while True:
-                result: AnyResult = run(cmd, **{**options, "check": False})
+                result: AnyResult = run(cmd, **unchecked)
                 if result.spawned or not (result.runner_error or "").startswith(_OUT_OF_FDS):
                     break
                 with self.cv:
@@ -768,7 +770,8 @@ class _FdShare:
         finally:
             with self.cv:
                 self.running -= 1
-                self.cv.notify_all()
+                if self.waiting:
+                    self.cv.notify_all()  # its fds are free
         if options["check"]:
             result.check()
         return result
