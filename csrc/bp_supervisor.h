@@ -31,7 +31,8 @@
  *                         or SIGNAL that crossed it is ignored (no FINAL)
  *     BP_MSG_EXITED       the leader exited (still unreaped): pid, and status,
  *                         its wait status as peeked; kept by the core for a
- *                         supervisor that dies before FINAL (SPEC 9.2)
+ *                         supervisor that dies before FINAL (SPEC 9.2); exit_ns,
+ *                         when (the core may read it late, past its deadline)
  *     BP_MSG_FINAL        the leader's status; rusage summed over every process
  *                         reaped during the run (max_rss: the largest);
  *                         unkilled: adopted processes left alive.  Also sent
@@ -74,7 +75,7 @@
 #define BP_CMD_KILL 3
 
 /* This protocol's version, in HELLO's status (0 in every build before it was sent). */
-#define BP_SUP_PROTOCOL 0x62700007
+#define BP_SUP_PROTOCOL 0x62700008
 
 #define BP_MSG_HELLO 1
 #define BP_MSG_LEADER 2
@@ -132,6 +133,9 @@ struct bp_sup_msg {
     int64_t utime_us;
     int64_t stime_us;
     int64_t maxrss_kb;
+    int64_t exit_ns;        /* EXITED, FINAL: CLOCK_MONOTONIC when the leader's exit was
+                               seen (the core's deadline is on the same clock); 0: it
+                               did not exit on its own (killed at KILL or the backstop) */
 };
 
 #endif

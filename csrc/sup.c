@@ -154,6 +154,26 @@ static int recv_msg(int sock, struct bp_sup_msg *m)
     return n == (ssize_t)sizeof *m;
 }
 
+/* HELLO: 0 as this build sends it, 1 a HELLO of another size (a program of
+ * another build: its leading fields, and so the version, are where ours are),
+ * -1 anything else.  *m is zero-filled past what came. */
+static int recv_hello(int sock, struct bp_sup_msg *m)
+{
+    union {
+        struct bp_sup_msg m;
+        char more[2 * sizeof(struct bp_sup_msg)];
+    } buf;
+    memset(&buf, 0, sizeof buf);
+    ssize_t n;
+    do {
+        n = recv(sock, &buf, sizeof buf, MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n < (ssize_t)offsetof(struct bp_sup_msg, unkilled) || buf.m.type != BP_MSG_HELLO)
+        return -1;
+    *m = buf.m;
+    return n != (ssize_t)sizeof *m;
+}
+
 /* waitpid(pid, WNOHANG): 1 reaped (*status set), 0 still running, -1 not ours
  * to reap (ECHILD: an ignored SIGCHLD had the kernel reap it; *status -1). */
 static int try_reap(pid_t pid, int *status)
@@ -437,7 +457,7 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
     if (n < 0)
         n = 0;  /* EAGAIN: nothing written, the exec went through */
     bp__close_fd(&ep[0]);
-    int fail_stage = 0, fail_err = 0;
+    int fail_stage = 0, fail_err = 0, hello = -1;
     struct bp_sup_msg m;
     if (n > 0) {
         /* The supervisor program itself could not be executed (EACCES when a caller that
@@ -445,14 +465,14 @@ int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *
          * to be told as the command's own execve failing. */
         fail_stage = BP_STAGE_SUPERVISOR;
         fail_err = n == (ssize_t)sizeof e ? e[1] : EIO;
-    } else if (wait_readable(sup->sock, HELLO_WAIT_MS) != 1 || recv_msg(sup->sock, &m) != 1
-               || m.type != BP_MSG_HELLO) {
+    } else if (wait_readable(sup->sock, HELLO_WAIT_MS) != 1
+               || (hello = recv_hello(sup->sock, &m)) < 0) {
         fail_stage = BP_STAGE_SUPERVISOR;
         fail_err = EIO;
-    } else if (m.stage != 0) {
+    } else if (hello == 0 && m.stage != 0) {
         fail_stage = m.stage;
         fail_err = m.err;
-    } else if (m.status != BP_SUP_PROTOCOL) {
+    } else if (hello == 1 || m.status != BP_SUP_PROTOCOL) {
         /* A supervisor program of another build: its messages may mean other things. */
         fail_stage = BP_STAGE_SUPERVISOR;
         fail_err = EPROTO;
@@ -918,13 +938,16 @@ void bp__sup_event(struct bp_run *run)
         exec_confirmed(run, 0);
         run->exited_status = m.status;
         run->leader_exited = 1;
+        run->exit_ns = m.exit_ns;
         return;
     }
     if (got == 1 && m.type == BP_MSG_FINAL) {
-        /* It finished on its own (the leader exited alone): the run's end
-         * needs nothing more from it (bp__sup_reap). */
+        /* It finished on its own (the leader exited alone), or the backstop
+         * ended it (then no exit time: the deadline's): the run's end needs
+         * nothing more from it (bp__sup_reap). */
         take_final(run, &m);
         run->leader_exited = 1;
+        run->exit_ns = m.exit_ns > 0 ? m.exit_ns : bp__now_ns();
         run->sup_final = 1;
         return;
     }

@@ -90,6 +90,7 @@ struct sup {
     pid_t leader;
     int new_session;
     int exited;
+    int64_t exit_ns;      /* when exited was seen (bp_sup_msg.exit_ns) */
     int64_t backstop_at;  /* when to kill the run ourselves (bp_sup_cmd.backstop_ns); 0: never */
     int backstop_hit;     /* it was killed then, its leader still running: FINAL says so */
     int64_t utime_us, stime_us, maxrss_kb;
@@ -138,6 +139,7 @@ static void send_exited(const struct sup *s, const siginfo_t *info)
     memset(&m, 0, sizeof m);
     m.type = BP_MSG_EXITED;
     m.pid = (int)s->leader;
+    m.exit_ns = s->exit_ns;
     if (info->si_code == CLD_EXITED)
         m.status = (info->si_status & 0xff) << 8;
     else  /* CLD_KILLED, CLD_DUMPED */
@@ -342,6 +344,7 @@ static void finish_alone(struct sup *s)
     memset(&m, 0, sizeof m);
     m.type = BP_MSG_FINAL;
     m.pid = (int32_t)s->leader;
+    m.exit_ns = s->exit_ns;
     (void)kill(s->new_session ? -s->leader : s->leader, SIGKILL);
     int status = 0;
     (void)reap_one(s, s->leader, 0, &status);
@@ -555,6 +558,7 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
     memset(&m, 0, sizeof m);
     m.type = BP_MSG_FINAL;
     m.pid = (int32_t)s->leader;
+    m.exit_ns = s->exited ? s->exit_ns : 0;
     (void)signal_round(s, 0, SIGKILL, NULL);
     int status = 0;
     int unkillable = leader_unkillable(s);
@@ -912,6 +916,7 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
                 if (waitid(P_PID, (id_t)s->leader, &info, WEXITED | WNOHANG | WNOWAIT) == 0
                     && info.si_pid == s->leader) {
                     s->exited = 1;
+                    s->exit_ns = now_ns();
                     (void)settle_start(s, 0);  /* it exited: settled */
                     if (start_failed(s)) {
                         report_start_failed(s);

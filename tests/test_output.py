@@ -201,6 +201,34 @@ def _zombie_supervisors() -> list[int]:
     return zombies
 
 
+@pytest.mark.parametrize("contain", CONTAIN)
+def test_an_exit_before_the_deadline_is_the_commands_own_though_a_callback_held_the_caller(
+        contain: bool) -> None:
+    """SPEC 2.2: the run ends at the first of its exit and the deadline.  A callback that
+    holds the caller past the deadline (a pass-through write to a slow pipe) kept the loop
+    from seeing an exit that came 0.1 s into a 0.6 s bound; it found the deadline passed
+    first, and a command that finished in time was reported killed at it (124)."""
+    def slow(stream: int, chunk: bytes) -> None:
+        time.sleep(1.2)
+
+    r = run(["sh", "-c", "echo hi; sleep 0.1; exit 3"], timeout=0.6, on_output=slow,
+            contain=contain)
+    assert (r.exit_code, r.timed_out, r.stdout) == (3, False, b"hi\n"), r
+
+
+@pytest.mark.skipif(not CONTAIN_SUPPORTED, reason="needs containment")
+def test_an_exit_after_the_deadline_while_a_callback_held_the_caller_is_the_deadline() -> None:
+    """The other side of the rule above: the command exits on its own, but only after its
+    deadline, while the caller is held.  The supervisor's record of when it exited places
+    the exit after the deadline: the deadline ended the run (124)."""
+    def slow(stream: int, chunk: bytes) -> None:
+        time.sleep(1.5)
+
+    r = run(["sh", "-c", "echo hi; sleep 0.8; exit 3"], timeout=0.3, kill_grace=5.0,
+            on_output=slow)
+    assert (r.exit_code, r.timed_out) == (124, True), r
+
+
 @pytest.mark.skipif(not CONTAIN_SUPPORTED, reason="needs containment")
 def test_a_callback_that_raises_in_run_many_leaves_no_zombie_supervisor() -> None:
     """run_many runs a command with on_output on a Python worker thread, which ends when

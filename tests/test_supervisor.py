@@ -967,20 +967,29 @@ def test_unkillable_escapee_as_non_root(tmp_path_factory: pytest.TempPathFactory
         shutil.rmtree(d, ignore_errors=True)
 
 
-def test_supervisor_program_of_another_build(tmp_path: Path) -> None:
+# A HELLO: (struct format of the record, its status).  Every build before the version was
+# sent said status 0; protocol 7's record was 8 bytes shorter than today's.
+HELLOS = {"unversioned": ("8i3q", 0), "protocol-7": ("8i3q", 0x62700007),
+          "this-size-other-version": ("8i4q", 0x62700007)}
+
+
+@pytest.mark.parametrize("hello", list(HELLOS))
+def test_supervisor_program_of_another_build(tmp_path: Path, hello: str) -> None:
     """A supervisor program from another build (a package upgraded under a running process, a
     stale build beside a fresh core): it starts and says hello, but not with this core's
     protocol version, so no run is served by it.  Each run is a spawn failure at once that
     says so, with or without contain=True, in run() and run_many; without the check the run
     was handed to a program that never answers and failed only at its deadline, as
-    "runner failed"."""
+    "runner failed".  A HELLO of another size than ours is another build's too: it was
+    read as garbage ("EIO") when the record grew."""
+    fmt, status = HELLOS[hello]
+    fields = 8 + int(fmt[-2])  # the ints, then the int64s
     fake = tmp_path / "_bp_supervisor"
     fake.write_text(textwrap.dedent(f"""\
         #!{sys.executable}
         import os, socket, struct
         sock = socket.socket(fileno=3)
-        # HELLO as every build before the version was sent: status 0
-        sock.send(struct.pack("8i3q", 1, os.getpid(), 0, 0, 0, 0, 0, 0, 0, 0, 0))
+        sock.send(struct.pack({fmt!r}, 1, os.getpid(), 0, 0, {status}, *[0] * {fields - 5}))
         while sock.recv(65536):
             pass
     """))
