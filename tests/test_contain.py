@@ -304,7 +304,9 @@ def test_a_short_final_kill_under_load_is_not_an_escape(reaper: list[int]) -> No
 
 
 # A process slow to die: it holds touched memory, which its exit must free.
-_HEAVY = "import time\nbig = b'x' * (768 << 20)\nprint('ready', flush=True)\ntime.sleep(1000)\n"
+# "ready" in one write: print() writes the newline apart when stdout is unbuffered
+# (PYTHONUNBUFFERED, -u), and a cancel at the first chunk then kept b"ready" alone.
+_HEAVY = "import os, time\nbig = b'x' * (768 << 20)\nos.write(1, b'ready\\n')\ntime.sleep(1000)\n"
 # ... with children in sessions of their own, each with a child in its group.
 _HEAVY_PARENT = ("import subprocess, time\nfor i in range(4):\n"
                  "    subprocess.Popen(['bash', '-c', 'sleep 977.25 >/dev/null 2>&1 & "
