@@ -488,6 +488,10 @@ def _runner_error(out: _native.NativeOutcome, args: Sequence[bytes], cwd: bytes 
         elif stage == "kill" and out.err_errno == errno.EPERM:
             target = (f"kill for {text_arg(args[0])!r}: its leader runs as another user (a "
                       "setuid program, sudo) and is left running")
+        elif stage == "wait4" and out.err_errno == errno.EBUSY:
+            target = (f"wait4 for {text_arg(args[0])!r}: its leader is traced (ptrace) by a "
+                      "process the run could not kill, which alone may wait for it; it is "
+                      "let go, its status unknown")
         elif stage == "supervisor":
             target = f"the supervisor program {_native.SUPERVISOR_PATH!r}"
             if out.err_errno == errno.EPROTO:

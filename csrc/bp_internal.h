@@ -193,6 +193,7 @@ void bp__close_fd(int *fd);
 /* kill.c */
 void bp__signal_group(struct bp_run *run, int sig);
 void bp__record_unknown_status(struct bp_result *res);
+void bp__let_go(struct bp_run *run);
 int bp__reap(struct bp_run *run);
 int bp__has_leader(const struct bp_run *run);
 void bp__finish_result(struct bp_run *run);

@@ -129,6 +129,61 @@ int bp__pidfd_exit_status(int pidfd, pid_t pid, int *status)
 #endif
 }
 
+/* A leader let go: reaped whenever it may be, by a thread of its own. */
+static void *reap_later(void *p)
+{
+    pid_t pid = (pid_t)(intptr_t)p;
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    return NULL;
+}
+
+/*
+ * Uncontained: let the leader go, with the reason already in err_stage/errno:
+ * counted unkilled (escaped), its status unknown (a kill's), and reaped by a
+ * detached thread whenever that can be (it is our child: its pid stays ours
+ * till then; without the thread, a zombie until this process exits).
+ */
+void bp__let_go(struct bp_run *run)
+{
+    struct bp_result *res = run->res;
+    res->unkilled++;
+    bp__record_unknown_status(res);
+    pthread_t thread;
+    (void)bp__quiet_thread(&thread, 64 * 1024, 1, reap_later, (void *)(intptr_t)run->pid);
+    run->reaped = 1;  /* not ours to signal or wait for any more */
+    bp__close_fd(&run->exit_fd);
+}
+
+/*
+ * Uncontained, with a pidfd: whether the leader, once the pidfd says it
+ * exited, is still not ours to wait for 100 ms later.  A traced zombie is
+ * visible to its tracer alone until the tracer waits for it or exits, and a
+ * child of the command that left its session and PTRACE_SEIZEd the leader
+ * needs no privilege: a blocking wait4 waited for as long as that tracer
+ * chose to live, past every bound and past a Ctrl-C.
+ */
+static int held_by_tracer(struct bp_run *run)
+{
+    struct pollfd p = {run->exit_fd, POLLIN, 0};
+    int rc;
+    do {
+        rc = poll(&p, 1, -1);
+    } while (rc < 0 && errno == EINTR);
+    for (int i = 0; rc > 0; i++) {
+        siginfo_t info;
+        memset(&info, 0, sizeof info);
+        if (waitid(P_PID, (id_t)run->pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0
+                || info.si_pid != 0)
+            return 0;  /* ours to wait for (or a failure the wait4 reports) */
+        if (i == 10)
+            return 1;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
 /*
  * Reap the leader (blocking) and record its status and resource use.
  * Returns 0, or -1 with errno set if wait4 failed for a reason other than
@@ -144,6 +199,14 @@ int bp__reap(struct bp_run *run)
     if (run->watcher_started) {
         pthread_join(run->watcher, NULL);
         run->watcher_started = 0;
+    }
+    if (run->res->exit_watch == BP_WATCH_PIDFD && run->exit_fd >= 0 && held_by_tracer(run)) {
+        if (run->res->err_stage == BP_STAGE_NONE) {
+            run->res->err_stage = BP_STAGE_WAIT;
+            run->res->err_errno = EBUSY;  /* runner failed: ... traced (_run.py) */
+        }
+        bp__let_go(run);
+        return 0;
     }
     int status = 0;
     struct rusage ru;

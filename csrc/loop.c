@@ -265,14 +265,6 @@ static int64_t drain_deadline(struct bp_run *run, int64_t now)
     return run->drain_settle_ns;
 }
 
-/* A leader left running: reaped whenever it exits, by a thread of its own. */
-static void *reap_later(void *p)
-{
-    pid_t pid = (pid_t)(intptr_t)p;
-    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-        ;
-    return NULL;
-}
 
 /*
  * Uncontained, after the group's SIGKILL: whether the leader may not be
@@ -304,12 +296,7 @@ static int let_go_unkillable(struct bp_run *run)
         res->err_stage = BP_STAGE_KILL;
         res->err_errno = EPERM;
     }
-    res->unkilled++;
-    bp__record_unknown_status(res);
-    pthread_t thread;  /* without one, a zombie until this process exits */
-    (void)bp__quiet_thread(&thread, 64 * 1024, 1, reap_later, (void *)(intptr_t)run->pid);
-    run->reaped = 1;  /* not ours to signal or wait for any more */
-    bp__close_fd(&run->exit_fd);
+    bp__let_go(run);
     return 1;
 }
 

@@ -101,6 +101,7 @@ struct sup {
     uint32_t groups[256];
     char *blob, **argv, **envp, **paths;
     int exec_fd;          /* reads EOF once the leader exec'd or exited; -1: settled */
+    int leader_fd;        /* the leader's pidfd, until it is reaped; -1: none */
 };
 
 static int64_t now_ns(void)
@@ -132,7 +133,8 @@ static void send_simple(const struct sup *s, int type, int pid, int stage, int e
 }
 
 /* EXITED: the leader's status as peeked (still unreaped), so that the core
- * has it even if we die before FINAL (SPEC 9.2). */
+ * has it even if we die before FINAL (SPEC 9.2); NULL: not known yet (a
+ * traced leader: serve()). */
 static void send_exited(const struct sup *s, const siginfo_t *info)
 {
     struct bp_sup_msg m;
@@ -140,7 +142,9 @@ static void send_exited(const struct sup *s, const siginfo_t *info)
     m.type = BP_MSG_EXITED;
     m.pid = (int)s->leader;
     m.exit_ns = s->exit_ns;
-    if (info->si_code == CLD_EXITED)
+    if (info == NULL)
+        m.status = 0;  /* the core's fallback then is a kill's status (sup.c) */
+    else if (info->si_code == CLD_EXITED)
         m.status = (info->si_status & 0xff) << 8;
     else  /* CLD_KILLED, CLD_DUMPED */
         m.status = (info->si_status & 0x7f) | (info->si_code == CLD_DUMPED ? 0x80 : 0);
@@ -292,6 +296,9 @@ static void end_start(struct sup *s)
     if (s->exec_fd >= 0)
         (void)close(s->exec_fd);
     s->exec_fd = -1;
+    if (s->leader_fd >= 0)
+        (void)close(s->leader_fd);
+    s->leader_fd = -1;
 }
 
 /* Wait up to ms for the leader's start to settle: it exec'd, or it exited
@@ -543,6 +550,41 @@ static int leader_unkillable(struct sup *s)
     }
 }
 
+/*
+ * Reap the leader, just sent SIGKILL.  Returns 1 when reaped (*status set), 0
+ * when its zombie is still held at `until`.  A leader traced by a process of
+ * the run (a child of its that left the session and PTRACE_SEIZEd it: no
+ * privilege needed) is a zombie that only its tracer may wait for, until the
+ * tracer does or dies: a blocking wait waited for as long as the tracer chose,
+ * and the core gave us up.  The tracer became our child when the leader died,
+ * so the rounds here kill it, and the zombie comes to us.  Held at `until`: a
+ * tracer that is no descendant of the run (a debugger), or one we may not kill.
+ */
+static int reap_leader(struct sup *s, int64_t until, int *status)
+{
+    if (s->leader_fd >= 0) {
+        /* Until it is dead, as the blocking wait did: a leader slow to die
+         * (freeing its memory) has not yet handed its children to us. */
+        struct pollfd p = {s->leader_fd, POLLIN, 0};
+        while (poll(&p, 1, -1) < 0 && errno == EINTR)
+            ;
+    }
+    if (reap_one(s, s->leader, s->leader_fd >= 0 ? WNOHANG : 0, status))
+        return 1;
+    /* Dead and held: the tracer is ours now.  At least 100 ms for it to die. */
+    int64_t at_least = now_ns() + 100000000;
+    if (until < at_least)
+        until = at_least;
+    for (int round = 0;; round++) {
+        (void)signal_round(s, 0, SIGKILL, NULL);  /* the tracer among our children */
+        await_child(s, round < 10 ? 1 : 10);
+        if (reap_one(s, s->leader, WNOHANG, status))
+            return 1;
+        if (now_ns() > until)
+            return 0;
+    }
+}
+
 /* Kill everything, reap the leader and every orphan, report FINAL. */
 static void finish(struct sup *s, int64_t budget_ns, int report)
 {
@@ -568,8 +610,13 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
         status = SIGKILL;
         m.stage = BP_STAGE_KILL;
         m.err = EPERM;
-    } else {
-        (void)reap_one(s, s->leader, 0, &status);
+    } else if (!reap_leader(s, until, &status)) {
+        /* Held by a tracer we could not kill: its status is not ours to know
+         * (the core's runner_error: wait4, EBUSY), and we exit, as above. */
+        unkillable = 1;
+        status = SIGKILL;
+        m.stage = BP_STAGE_WAIT;
+        m.err = EBUSY;
     }
     end_start(s);
     m.status = status;
@@ -877,6 +924,11 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
     close_run_fds(fds);
     if (s->leader <= 0)
         return 0;
+#ifdef SYS_pidfd_open
+    /* Our unreaped child: the pid is surely its.  Its exit shows here also when
+     * a tracer keeps the SIGCHLD and the zombie from us (see below). */
+    s->leader_fd = (int)syscall(SYS_pidfd_open, s->leader, 0);
+#endif
     if (s->page == NULL)
         send_simple(s, BP_MSG_SPAWNED, (int)s->leader, 0, 0);  /* else its pid is in the page */
 
@@ -894,19 +946,29 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
             if (wait_ms < 0 || ms < wait_ms)
                 wait_ms = ms > INT32_MAX ? INT32_MAX : (int)ms;
         }
-        struct pollfd p[3] = {{s->sock, POLLIN, 0}, {s->sfd, POLLIN, 0}, {s->caller_fd, POLLIN, 0}};
-        int rc = poll(p, s->caller_fd >= 0 ? 3 : 2, wait_ms);
+        struct pollfd p[4] = {{s->sock, POLLIN, 0}, {s->sfd, POLLIN, 0}};
+        int n = 2, at_caller = -1, at_leader = -1;
+        if (s->caller_fd >= 0) {
+            p[n] = (struct pollfd){s->caller_fd, POLLIN, 0};
+            at_caller = n++;
+        }
+        if (s->leader_fd >= 0 && !s->exited) {
+            p[n] = (struct pollfd){s->leader_fd, POLLIN, 0};
+            at_leader = n++;
+        }
+        int rc = poll(p, (nfds_t)n, wait_ms);
         if (rc < 0 && errno != EINTR) {
             finish(s, 0, 1);
             return -1;
         }
-        if (s->caller_fd >= 0 && p[2].revents) {
+        if (at_caller >= 0 && p[at_caller].revents) {
             finish(s, 0, 0);
             return -1;
         }
-        if (p[1].revents) {
-            int chld = 0;
-            if (drain_signals(s, &chld)) {
+        int gone = at_leader >= 0 && p[at_leader].revents;
+        if (p[1].revents || gone) {
+            int chld = gone;
+            if (p[1].revents && drain_signals(s, &chld)) {
                 finish(s, 0, 0);
                 return -1;
             }
@@ -927,6 +989,16 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
                         return 0;
                     }
                     send_exited(s, &info);
+                } else if (gone) {
+                    /* Its exit shows on the pidfd, but the zombie is its tracer's
+                     * (a process of the run's that PTRACE_SEIZEd it), and so was the
+                     * SIGCHLD.  The run ends as at any exit: the final kill kills the
+                     * tracer, and the zombie comes to us, status and all (reap_leader). */
+                    s->exited = 1;
+                    s->exit_ns = now_ns();
+                    (void)settle_start(s, 0);
+                    (void)reap_orphans(s);
+                    send_exited(s, NULL);
                 } else {
                     (void)reap_orphans(s);
                 }
@@ -983,6 +1055,7 @@ int main(int argc, char **argv)
     s.caller_fd = -1;
     s.held[0] = s.held[1] = -1;
     s.exec_fd = -1;
+    s.leader_fd = -1;
     if (argc > 2 && atoi(argv[2]) == BP_SUP_PAGE_FD) {  /* the core passed the page */
         void *page = mmap(NULL, BP_SUP_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
                           BP_SUP_PAGE_FD, 0);

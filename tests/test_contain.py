@@ -492,3 +492,87 @@ def test_an_on_output_that_blocks_does_not_keep_the_command_past_the_bound() -> 
     r = run(["sh", "-c", "echo $$; exec sleep 30"], timeout=0.5, on_output=stuck)
     assert seen.get("gone") is True, seen
     assert r.timed_out and r.exit_code == 124, r
+
+
+# The leader is PTRACE_SEIZEd (no stop, no signal: nothing it sees) by a child of its own
+# that leaves its session and its stdio and sleeps: a zombie leader is then visible to its
+# tracer alone until the tracer waits for it or dies.  argv: "exit" (the leader exits 5 at
+# once) or "run" (it sleeps), and the file for the tracer's pid.
+TRACED_LEADER = """
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+leader = os.getpid()
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    ok = libc.ptrace(0x4206, leader, None, None) == 0
+    with open(sys.argv[2] + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+    os.write(w, b"y" if ok else b"n")
+    time.sleep(30)
+    os._exit(0)
+os.close(w)
+print("seized=" + os.read(r, 1).decode(), flush=True)
+if sys.argv[1] == "exit":
+    os._exit(5)
+time.sleep(30)
+"""
+
+
+def _traced_run(tmp_path: Path, reaper: list[int], what: str, **kw: object) -> tuple:
+    pidfile = tmp_path / "tracer"
+    t = time.monotonic()
+    r = run([PY, "-c", TRACED_LEADER, what, str(pidfile)], **kw)  # type: ignore[arg-type]
+    took = time.monotonic() - t
+    tracer = int(pidfile.read_text())
+    reaper.append(tracer)
+    if r.stdout != b"seized=y\n":
+        pytest.skip(f"PTRACE_SEIZE refused here: {r.stdout!r}")
+    return r, took, tracer
+
+
+@needs_contain
+def test_a_leader_traced_by_its_own_child_exits_and_the_tracer_dies_with_the_run(
+        tmp_path: Path, reaper: list[int]) -> None:
+    """A command's child that leaves the session and traces the leader (no privilege needed)
+    made the leader's exit invisible: only a tracer may wait for a traced zombie.  The
+    supervisor saw no exit, the run went on to its deadline and reported 124 for a command
+    that exited 5 at once.  The leader's exit is now seen (its pidfd), the run ends, the
+    tracer (adopted by the supervisor when the leader died) is killed with the run, and the
+    leader's own status comes back."""
+    r, took, tracer = _traced_run(tmp_path, reaper, "exit", timeout=20)
+    assert (r.exit_code, r.timed_out, r.runner_error) == (5, False, None), r
+    assert took < 10, took
+    assert wait_dead([tracer], within=2) == [], "the tracer outlived the run"
+
+
+@needs_contain
+def test_a_running_leader_traced_by_its_own_child_is_killed_and_the_tracer_with_it(
+        tmp_path: Path, reaper: list[int]) -> None:
+    """The same tracer, with a leader that runs on: at the deadline the supervisor killed the
+    leader and then waited for its zombie, which only the tracer could release; the core gave
+    the supervisor up as unanswering and the tracer lived on.  The supervisor now kills its
+    adopted children (the tracer among them) while it waits for the leader."""
+    r, took, tracer = _traced_run(tmp_path, reaper, "run", timeout=1, drain_grace=0.5)
+    assert (r.exit_code, r.timed_out, r.runner_error) == (124, True, None), r
+    assert took < 1 + 0.5 + 2, took  # the bound, and room for a loaded machine
+    assert wait_dead([tracer], within=2) == [], "the tracer outlived the run"
+
+
+def test_uncontained_a_leader_held_by_a_tracer_is_let_go_within_the_bound(
+        tmp_path: Path, reaper: list[int]) -> None:
+    """Uncontained, the run's end reaped the leader with a blocking wait4, which a tracer
+    outside the group held for as long as it lived (30 s here, past every bound, and past a
+    Ctrl-C).  The leader is now let go 100 ms after its exit: its status is unknown
+    (runner failed: EBUSY ... wait4), and the tracer, which nothing uncontained can kill, is
+    an escapee."""
+    r, took, _ = _traced_run(tmp_path, reaper, "exit", timeout=1, drain_grace=0.5,
+                             contain=False)
+    assert took < 1 + 0.5 + 2, took
+    assert r.escaped and not r.ok, r
+    assert r.runner_error is not None and r.runner_error.startswith("runner failed: EBUSY"), r
+    assert "traced" in r.runner_error, r.runner_error
