@@ -1071,14 +1071,16 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
             if len(workers) < jobs:
                 worker = threading.Thread(target=_work, args=(tasks, switch, fds), daemon=True,
                                           name=f"boundedproc-many-{len(workers)}")
+                # Listed before its start: a raise inside start() (a Ctrl-C, once the thread
+                # runs) must still give it its stop, or another worker waits for good.
+                workers.append(worker)
                 try:
                     worker.start()
                 except RuntimeError:  # out of process slots: a worker already started takes it
+                    workers.pop()
                     if not workers:
                         slot.refused(cmd, opts, errno.EAGAIN, "a run_many worker thread")
                         continue
-                else:
-                    workers.append(worker)
             tasks.put((slot, cmd, opts))
 
     def take(slot: _Slot) -> AnyResult:
@@ -1103,7 +1105,10 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
         # without Python), and the supervisors of contained ones see this process go.
         if not sys.is_finalizing():
             for worker in workers:
-                worker.join()  # every run's group is killed and reaped by now
+                # A start cut short by a raise may not have begun the thread (join refuses
+                # it); begun, it takes its stop and ends.
+                with contextlib.suppress(RuntimeError):
+                    worker.join()  # every run's group is killed and reaped by now
         if switch is not None:
             switch.close()
 

@@ -639,3 +639,49 @@ def test_a_run_cancelled_while_it_waits_for_fds_is_cancelled(workers: str) -> No
     got = _script_json(CANCEL_WHILE_WAITING_FOR_FDS, workers)
     assert not any(error and "EMFILE" in error for _, _, error in got), got
     assert any(cancelled and not spawned for cancelled, spawned, _ in got), got
+
+
+# run_many with Python workers (on_output=) while a raise lands inside Thread.start() of its
+# second worker, once the thread is running (a Ctrl-C or a pytest-timeout alarm there).
+RAISE_IN_WORKER_START = """
+import json, threading, time
+from boundedproc import run_many
+real_start = threading.Thread.start
+started = []
+
+def start(self):
+    real_start(self)
+    if self.name.startswith("boundedproc-many-"):
+        started.append(self.name)
+        if len(started) == 2:
+            time.sleep(0.1)  # the first worker is in its run, the second waits for a task
+            raise KeyboardInterrupt
+
+threading.Thread.start = start
+t = time.monotonic()
+try:
+    list(run_many([["sleep", "5"]] * 6, jobs=4, timeout=10, on_output=lambda s, c: None))
+    raised = False
+except KeyboardInterrupt:
+    raised = True
+took = time.monotonic() - t
+deadline = time.monotonic() + 5
+while (left := [w.name for w in threading.enumerate() if w.name.startswith("boundedproc-many-")]):
+    if time.monotonic() > deadline:
+        break
+    time.sleep(0.01)
+print(json.dumps({"raised": raised, "took": took, "started": started, "left": left}))
+"""
+
+
+def test_a_raise_inside_a_python_workers_start_does_not_hang_run_many() -> None:
+    """The second worker had started but was not yet listed when the raise came, so the
+    cleanup queued one stop for each listed worker, the unlisted one took one of them, and a
+    listed worker waited for a stop that never came: the caller hung in join() for good, or
+    (when the listed one took the stop) a worker was left waiting for good."""
+    out = subprocess.run([sys.executable, "-c", RAISE_IN_WORKER_START], capture_output=True,
+                         text=True, timeout=60, env=importable_env(), check=False)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["raised"] and len(got["started"]) == 2, got
+    assert got["took"] < 10 and got["left"] == [], got
