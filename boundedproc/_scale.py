@@ -377,7 +377,29 @@ async def run_async(
     except NoThread:  # out of process slots: run() would report the same, not raise
         switch.close()
         return _refused(dry, errno.EAGAIN, "a thread", check)
-    future = asyncio.wrap_future(submitted, loop=loop)
+    except BaseException:
+        switch.cancel()  # a raise inside submit (a signal handler's): a run queued ends at once
+        raise
+    try:
+        return await _await_run(asyncio.wrap_future(submitted, loop=loop), switch)
+    except BaseException:
+        # Any other end of this call (a handler's raise between the submit and the await,
+        # or the run's own error) ends the run too, rather than leave it going unobserved.
+        switch.cancel()
+        raise
+    finally:
+        if submitted.done():
+            # Now, not by the collector: a cancelled run's switch sits in the reference
+            # cycle of its CancelledError.  Only this thread sets it, so no cancel() can
+            # write to the fd numbers after they are closed and reused.
+            switch.close()
+
+
+async def _await_run(future: Any, switch: Cancel) -> AnyResult:
+    """Await a run_async's run: a cancel of the awaiting task kills the run's group and
+    waits until it is reaped (SPEC 6) before ``CancelledError`` goes on."""
+    import asyncio  # loaded by now: run_async's caller is in a loop
+
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:

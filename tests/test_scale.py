@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import json
 import os
@@ -1100,3 +1101,60 @@ def test_ctrl_c_while_run_many_waits(tmp_path: Path, reaper: list[int]) -> None:
         child.kill()
     assert out.startswith("interrupted"), out
     assert wait_dead(pids) == []
+
+
+def test_a_raise_between_run_asyncs_submit_and_its_await_ends_the_run(
+        tmp_path: Path, reaper: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A raise that lands after run_async handed the run to its thread but before it awaited
+    it (a signal handler's exception, here from asyncio.wrap_future) left the command
+    running, unobserved, until its own timeout (and the interpreter's exit waited for it).
+    The run now ends with the raise: cancelled before its spawn, or killed."""
+    class Boom(Exception):
+        pass
+
+    def wrap_future(*args: object, **kw: object) -> None:
+        raise Boom
+
+    monkeypatch.setattr(asyncio, "wrap_future", wrap_future)
+    pidfile = tmp_path / "pid"
+
+    async def main() -> None:
+        script = f"echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; exec sleep 60"
+        await run_async(["sh", "-c", script], timeout=60)
+
+    with pytest.raises(Boom):
+        asyncio.run(main())
+    deadline = time.monotonic() + 3
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if pidfile.exists():  # spawned before the switch was set: killed since
+        pid = int(pidfile.read_text())
+        reaper.append(pid)
+        assert wait_dead([pid], within=5) == [], "the run went on after the raise"
+
+
+def test_cancelled_run_asyncs_leave_no_fds_to_the_collector() -> None:
+    """Each run_async's cancel switch (two pipe fds) was closed only by its __del__, and a
+    cancelled run's switch is in a reference cycle (the CancelledError's traceback): with
+    the collector off, as a busy caller may keep it, six cancels a round kept twelve fds."""
+    async def round_of_cancels() -> None:
+        together = asyncio.gather(*[run_async(["sleep", "10"], timeout=20) for _ in range(6)])
+        await asyncio.sleep(0.2)
+        together.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await together
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    asyncio.run(round_of_cancels())  # the pool's threads and supervisors are up
+    gc.collect()
+    gc.disable()
+    try:
+        before = fds()
+        for _ in range(3):
+            asyncio.run(round_of_cancels())
+        grew = fds() - before
+    finally:
+        gc.enable()
+    assert grew <= 2, grew  # an event loop's own self-pipe may linger; twelve a round did
