@@ -510,8 +510,30 @@ def _wake_pending() -> bool:
         return True
 
 
+# The caller's own wakeup fd, as the last run that borrowed it found it (-1: none).
+_callers_wakeup = -1
+
+
+def _nested_in_a_run() -> bool:
+    """Whether this run is nested in another one's wait: started by a signal handler (main
+    thread) while an outer run, a caller up the stack, holds the wakeup fd.  Frame 0 is
+    this, 1 is ``_Wakeup.__enter__``, 2 the run that is starting."""
+    frame: types.FrameType | None = sys._getframe(3)
+    while frame is not None:
+        if frame.f_code in _WAITING_CODES:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _Wakeup:
-    """Borrow the signal wakeup fd for the duration of a run (main thread only)."""
+    """Borrow the signal wakeup fd for the duration of a run (main thread only).
+
+    A raise of a signal handler can land just after ``set_wakeup_fd`` set our pipe (before
+    its return value, the caller's fd, was kept) or just before ``__exit__`` sets the
+    caller's back: our pipe is left as the wakeup fd.  The next run finds it there, outside
+    any run of ours, and sets back the caller's fd as the run before found it.
+    """
 
     __slots__ = ("_old", "_r", "_w", "fd")
 
@@ -525,9 +547,15 @@ class _Wakeup:
         if threading.current_thread() is threading.main_thread():
             r, w = _wake_pipe or _get_wake_pipe()
             try:
-                self._old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+                old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
             except ValueError:
                 return self
+            global _callers_wakeup
+            if old != w:
+                _callers_wakeup = old
+            elif not _nested_in_a_run():
+                old = _callers_wakeup  # ours, left there by a run cut short (above)
+            self._old = old
             self.fd = self._r = r
             self._w = w
         return self
@@ -1010,3 +1038,7 @@ os.register_at_fork(after_in_child=_forget_batches_after_fork)
 # (Python 3.12+ warns of a fork with threads, "may lead to deadlocks in the child").
 atexit.register(lib.bp_batch_release_parked)
 os.register_at_fork(before=lib.bp_batch_release_parked)
+
+
+# The functions that wait inside a borrowed wakeup fd (_nested_in_a_run).
+_WAITING_CODES = frozenset({_drive.__code__, Batch.next.__code__})

@@ -632,6 +632,45 @@ def test_a_wakeup_byte_after_the_runs_last_wait_is_forwarded_not_left(contain: b
     assert got == [[int(signal.SIGUSR2)], [], []]
 
 
+@pytest.mark.parametrize("where", ["enter", "exit"])
+def test_a_raise_while_the_wakeup_fd_is_borrowed_leaves_the_callers_for_the_next_run(
+        where: str) -> None:
+    """A handler's raise that lands just after a run set its own wakeup pipe (in __enter__,
+    before the caller's fd was recorded) or just before it set the caller's back (__exit__)
+    left the run's pipe as the wakeup fd, and every later run then took it for the caller's
+    and set it back: an asyncio host's signal handlers were dead for good.  The next run now
+    knows its own pipe left behind and sets the caller's fd back."""
+    got = child(f"""
+        from boundedproc import _native
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w)
+        run(["true"])
+        real = signal.set_wakeup_fd
+        calls = []
+        def flaky(fd, **kw):
+            old = real(fd, **kw)
+            calls.append(fd)
+            # the first call is the run's own __enter__, the second its __exit__
+            if len(calls) == {1 if where == "enter" else 2}:
+                raise KeyboardInterrupt  # as a handler's raise once the call took effect
+            return old
+        signal.set_wakeup_fd = flaky
+        try:
+            run(["true"])
+            raised = False
+        except KeyboardInterrupt:
+            raised = True
+        signal.set_wakeup_fd = real
+        if {where == "exit"}:
+            signal.set_wakeup_fd(_native._wake_pipe[1])  # __exit__ never got to set it back
+        left = signal.set_wakeup_fd(signal.set_wakeup_fd(-1))
+        run(["true"])
+        print(json.dumps([raised, left == w, signal.set_wakeup_fd(-1) == w]))
+    """, timeout=30)
+    assert got == [True, False, True]
+
+
 @MODES
 def test_ctrl_c_during_spawn_leaves_nothing(contain: bool, tmp_path: object) -> None:
     """SIGINTs at random moments while runs start: each run ends in the exception its signal
