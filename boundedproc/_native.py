@@ -915,7 +915,8 @@ class Batch:
     ends (or is killed, once its cancel switch is set) before it returns.
     """
 
-    __slots__ = ("__weakref__", "_done", "_env", "_forked", "_inflight", "_ptr", "window")
+    __slots__ = ("__weakref__", "_done", "_env", "_forked", "_inflight", "_ptr", "switch",
+                 "window")
 
     def __init__(self, jobs: int, window: int) -> None:
         """``window``: the most runs submitted and not yet taken back (run_many's).
@@ -925,6 +926,9 @@ class Batch:
         # Set first: __del__ (close) runs also when this raises.
         self._ptr: Any = None
         self._inflight: dict[int, tuple[NativeSpec, Any, list[object], Any]] = {}
+        # The switch its runs watch (run_many's), set by close() for the runs still in
+        # flight: nobody will take their results.
+        self.switch: Any = None
         out = ffi.new("struct bp_batch **")
         self._env = _supervisor_environment()
         if lib.bp_batch_new(jobs, SUPERVISOR_PATH.encode(), self._env[0], out) < 0:
@@ -1006,8 +1010,10 @@ class Batch:
         return self._ptr
 
     def close(self) -> None:
-        """Wait for every worker to leave (each parks with its supervisor, or frees it)
-        and free the rest."""
+        """End the runs in flight (their switch set), wait for every worker to leave (each
+        parks with its supervisor, or frees it) and free the rest."""
+        if self._inflight and self.switch is not None and self._ptr is not None:
+            self.switch.cancel()
         ptr, self._ptr = self._ptr, None
         if ptr is not None:
             lib.bp_batch_free(ptr)

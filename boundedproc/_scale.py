@@ -971,9 +971,10 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
     earlier result was yielded, or ``_NO_REST``.
     """
     window = batch.window  # the batch is sized for it
-    # One switch for every run of this call, set on early close; None without fds for it
-    # (EMFILE): the runs go on, and an early close then waits for those in flight.
-    switch = switch_or_none()
+    # One switch for every run of this call, set on early close (by batch.close(), so
+    # that a raise in the cleanup before it cannot leave the runs going); None without fds
+    # for it (EMFILE): the runs go on, and an early close then waits for those in flight.
+    switch = batch.switch = switch_or_none()
     pending: deque[_BatchSlot | _Raise] = deque()
     running: dict[int, _BatchSlot] = {}
     tags = itertools.count()
@@ -1032,16 +1033,14 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
                     running[tag] = slot
 
     owner = _forks
-    finished = False
     try:
         yield from _in_order(pending, fill, lambda slot: slot.take(batch, running), bar)
-        finished = True
         return rest
     finally:
         if _forks == owner:  # a forked child's copy of the switch is the parent's
-            if not finished and switch is not None:
-                switch.cancel()  # in-flight runs end now; queued ones spawn nothing
-            batch.close()  # waits for every worker: every run's group is killed and reaped
+            # In-flight runs end now (their switch set), queued ones spawn nothing, and
+            # the close waits for every worker: every run's group is killed and reaped.
+            batch.close()
         if switch is not None:
             switch.close()
 

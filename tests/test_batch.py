@@ -10,6 +10,7 @@ the switch to Python workers for a command that needs Python (``on_output``,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -685,3 +686,56 @@ def test_a_raise_inside_a_python_workers_start_does_not_hang_run_many() -> None:
     got = json.loads(out.stdout)
     assert got["raised"] and len(got["started"]) == 2, got
     assert got["took"] < 10 and got["left"] == [], got
+
+
+# run_many on core threads, closed early, while a second raise (a second Ctrl-C) lands in
+# its cleanup before the call's switch is set.
+RAISE_IN_CLEANUP = """
+import gc, json, os, sys, time
+from boundedproc import _cancel, run_many
+real_cancel = _cancel.Cancel.cancel
+raised = []
+
+def cancel(self):
+    if not raised:
+        raised.append(1)
+        raise KeyboardInterrupt  # as a handler's, before the switch is set
+    real_cancel(self)
+
+_cancel.Cancel.cancel = cancel
+folder = sys.argv[1]
+cmds = [["true"]] + [["sh", "-c", f"echo $$ > {folder}/{i}; exec sleep 30"] for i in range(3)]
+gen = run_many(cmds, jobs=4, timeout=30)
+next(gen)
+while len(os.listdir(folder)) < 3:
+    time.sleep(0.01)
+t = time.monotonic()
+try:
+    gen.close()
+except KeyboardInterrupt:
+    pass
+del gen
+gc.collect()
+print(json.dumps({"raised": bool(raised), "took": time.monotonic() - t,
+                  "pids": [int(open(f"{folder}/{name}").read()) for name in os.listdir(folder)]}))
+"""
+
+
+def test_a_raise_in_run_manys_cleanup_still_ends_its_runs(tmp_path: Path) -> None:
+    """The cleanup of a run_many closed early sets the call's switch, then waits for its
+    workers.  A second raise that landed before the switch was set skipped both: the runs
+    went on, and the close waited for as long as they ran (their timeout).  The batch now sets the switch itself when it is closed with
+    runs in flight."""
+    out = subprocess.run([sys.executable, "-c", RAISE_IN_CLEANUP, str(tmp_path)],
+                         capture_output=True, text=True, timeout=90, env=importable_env(),
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    try:
+        assert got["raised"] and len(got["pids"]) == 3, got
+        assert got["took"] < 5, got
+        assert wait_dead(got["pids"], within=2) == [], got
+    finally:
+        for pid in got["pids"]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
