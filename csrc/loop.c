@@ -174,12 +174,29 @@ static long pipe_holder(const struct bp_run *run, int *partial)
     return holder;
 }
 
+/* Whether pid, a child of ours, runs on our memory: a vfork child (another run's
+ * leader, or a supervisor, between its clone and its exec) holds copies of our fds for
+ * that moment.  A child with memory of its own is an orphan we adopted (as PID 1 or a
+ * subreaper): a run's escapee, not to be waited for.  1 when it cannot be told (kcmp is
+ * missing or refused): waited for, within the cap. */
+static int on_our_memory(long pid)
+{
+#ifdef SYS_kcmp
+    long r = syscall(SYS_kcmp, (pid_t)getpid(), (pid_t)pid, 1 /* KCMP_VM */, 0UL, 0UL);
+    if (r >= 0)
+        return r == 0;
+#else
+    (void)pid;
+#endif
+    return 1;
+}
+
 /* Whether pid is one the run's end killed, on its way out: a member of the run's own
  * process group (SIGKILLed with it), or, contained, its supervisor or a child of it (an
  * orphan it adopted and kills), or any process already dying (one the supervisor killed
  * and left to finish its exit, slow when it frees much memory).  Or a child of this
- * process, which is not the run's: another run's leader between its clone and its exec
- * holds copies of our fds for that moment.  Read from /proc; 0 when it cannot be read. */
+ * process on its memory, which is not the run's (on_our_memory).  Read from /proc; 0
+ * when it cannot be read. */
 static int killed_with_run(const struct bp_run *run, long pid)
 {
     char name[24], state = 0;
@@ -193,7 +210,7 @@ static int killed_with_run(const struct bp_run *run, long pid)
     /* the supervisor closing its copies of the pipes, or an orphan it kills */
     if (run->sup != NULL && (pid == bp_sup_pid(run->sup) || ppid == bp_sup_pid(run->sup)))
         return 1;
-    return ppid == (int)getpid() || bp__proc_dying(name, state, flags);
+    return (ppid == (int)getpid() && on_our_memory(pid)) || bp__proc_dying(name, state, flags);
 }
 #endif
 

@@ -958,6 +958,28 @@ def test_caller_as_pid_1(contain: bool, own_proc: bool, clean: dict[bool, object
     assert escapee_alive is (not contain)
 
 
+def test_caller_as_pid_1_calls_an_adopted_escapee_one_at_once() -> None:
+    """As PID 1 (or a subreaper), an uncontained run's setsid escapee that still holds the
+    pipes becomes the caller's own child when its parent dies.  The drain took every child
+    of the caller for another run's leader between its clone and its exec (which holds
+    copies of the caller's fds for that moment) and waited 0.5 s more for it: the run came
+    back 0.5 s past its bound.  Only a child on the caller's own memory (a vfork child) is
+    such a leader."""
+    got = child("""
+        assert os.getpid() == 1
+        t = time.monotonic()
+        r = run(["sh", "-c", "setsid sleep 30 & echo $!; sleep 5"], timeout=0.2,
+                drain_grace=0, contain=False)
+        took = time.monotonic() - t
+        os.kill(int(r.stdout), 9)  # (and the namespace ends with us)
+        print(json.dumps([r.escaped, r.timed_out, took]))
+    """, wrapper=[*_unshare(), "--mount-proc"])
+    assert isinstance(got, list)
+    escaped, timed_out, took = got
+    assert escaped and timed_out
+    assert took < 0.2 + 0.35, took  # the bound and its settle (50 ms), not 0.5 s more
+
+
 @MODES
 @pytest.mark.parametrize("bound", [1e300, 2.0**63, float(2**63), 10**30])
 def test_huge_bounds_mean_no_limit(bound: float, contain: bool) -> None:
