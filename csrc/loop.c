@@ -335,7 +335,10 @@ static int end_run(struct bp_run *run, int reason)
     int64_t grace = run->spec->kill_grace_ns;
     if (reason == BP_END_OVERFLOW || grace == 0)
         return kill_and_reap(run);
-    bp__signal_group(run, run->spec->first_signal > 0 ? run->spec->first_signal : SIGTERM);
+    int first = run->spec->first_signal > 0 ? run->spec->first_signal : SIGTERM;
+    bp__signal_group(run, first);
+    if (first != SIGCONT)
+        bp__signal_group(run, SIGCONT);  /* a stopped command acts on it only once continued */
     run->phase = BP_PHASE_GRACE;
     int64_t now = bp__now_ns();
     run->grace_end_ns = grace < 0 ? -1 : now + grace;

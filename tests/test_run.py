@@ -1090,3 +1090,16 @@ def test_a_payload_larger_than_the_pipe_is_partly_written_before_the_start() -> 
     assert r.runner_error is not None
     m = re.match(r"stdin not delivered: (\d+) of 4194304 bytes written", r.runner_error)
     assert m is not None and 0 < int(m.group(1)) < 4 << 20, r.runner_error
+
+
+@pytest.mark.parametrize("contain", [True, False], ids=["contained", "uncontained"])
+def test_a_stopped_command_is_continued_after_the_deadlines_sigterm(contain: bool) -> None:
+    """A command that stopped itself never acted on the deadline's SIGTERM: its handler
+    never ran, and the grace ran to its end before the SIGKILL.  SIGCONT follows the
+    SIGTERM, as coreutils' timeout sends it: the handler runs and the grace ends with it."""
+    t = time.monotonic()
+    r = run(["sh", "-c", 'trap "echo term; exit 5" TERM; kill -STOP $$'], timeout=0.3,
+            kill_grace=5, contain=contain)
+    took = time.monotonic() - t
+    assert (r.timed_out, r.exit_code, r.stdout, r.term_signal) == (True, 124, b"term\n", None), r
+    assert took < 3, took
