@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         "group is killed, so nothing it started survives.  Exits with CMD's exit code "
         "(124 on the deadline, 137 when killed for the output cap or cancelled, "
         "127/126 when it could not be started; 125 for a usage error or output that "
-        "could not be written).",
+        "could not be written, 141 when its reader left, as a SIGPIPE would end it).",
     )
     p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT, metavar="S",
                    help=f"seconds before the group is killed (default {DEFAULT_TIMEOUT:g})")
