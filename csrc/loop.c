@@ -174,19 +174,22 @@ static long pipe_holder(const struct bp_run *run, int *partial)
     return holder;
 }
 
-/* Whether pid, a child of ours, runs on our memory: a vfork child (another run's
- * leader, or a supervisor, between its clone and its exec) holds copies of our fds for
- * that moment.  A child with memory of its own is an orphan we adopted (as PID 1 or a
- * subreaper): a run's escapee, not to be waited for.  1 when it cannot be told (kcmp is
- * missing or refused): waited for, within the cap. */
-static int on_our_memory(long pid)
+/* Whether pid, a child of ours, is not the run's: one in our own session (a fork of
+ * this process), or one on our memory, a vfork child (another run's leader, or a
+ * supervisor, between its clone and its exec, which holds copies of our fds for that
+ * moment; it may have left our session already).  Any other child is an orphan we
+ * adopted (as PID 1 or a subreaper) from a run, whose session it is in: an escapee, not
+ * to be waited for.  1 when it cannot be told (kcmp missing or refused): waited for,
+ * within the cap. */
+static int ours_not_the_runs(long pid)
 {
+    pid_t sid = getsid((pid_t)pid);
+    if (sid >= 0 && sid == getsid(0))
+        return 1;
 #ifdef SYS_kcmp
     long r = syscall(SYS_kcmp, (pid_t)getpid(), (pid_t)pid, 1 /* KCMP_VM */, 0UL, 0UL);
     if (r >= 0)
         return r == 0;
-#else
-    (void)pid;
 #endif
     return 1;
 }
@@ -195,8 +198,8 @@ static int on_our_memory(long pid)
  * process group (SIGKILLed with it), or, contained, its supervisor or a child of it (an
  * orphan it adopted and kills), or any process already dying (one the supervisor killed
  * and left to finish its exit, slow when it frees much memory).  Or a child of this
- * process on its memory, which is not the run's (on_our_memory).  Read from /proc; 0
- * when it cannot be read. */
+ * process that is not the run's (ours_not_the_runs).  Read from /proc; 0 when it cannot
+ * be read. */
 static int killed_with_run(const struct bp_run *run, long pid)
 {
     char name[24], state = 0;
@@ -210,7 +213,7 @@ static int killed_with_run(const struct bp_run *run, long pid)
     /* the supervisor closing its copies of the pipes, or an orphan it kills */
     if (run->sup != NULL && (pid == bp_sup_pid(run->sup) || ppid == bp_sup_pid(run->sup)))
         return 1;
-    return (ppid == (int)getpid() && on_our_memory(pid)) || bp__proc_dying(name, state, flags);
+    return (ppid == (int)getpid() && ours_not_the_runs(pid)) || bp__proc_dying(name, state, flags);
 }
 #endif
 
