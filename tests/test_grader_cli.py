@@ -772,7 +772,10 @@ def test_a_core_that_cannot_be_loaded_exits_three_not_one(tmp_path: Path) -> Non
 
 
 def _claims_for_a_while(tmp_path: Path) -> Path:
-    return write_claims(tmp_path, *(claim(f"c{i}", check="echo 6") for i in range(200)))
+    # Ids long enough that the output (about 100 KiB) cannot all go into a pipe's buffer
+    # before its reader leaves: under load, `head -c 1` left only after 30 KiB had.
+    return write_claims(tmp_path, *(claim(f"c{i}-" + "x" * 400, check="echo 6")
+                                    for i in range(200)))
 
 
 @pytest.mark.parametrize("shell_redirect", [">/dev/full", ">&-", "| head -c 1 >/dev/null"])
