@@ -88,7 +88,8 @@ struct bp_run {
     int reaped;
     int leader_exited;      /* exit observed (pidfd or watcher), not yet reaped */
     int64_t exit_ns;        /* once leader_exited: the earliest its exit can have been.
-                               Contained, when the supervisor saw it (BP_MSG_EXITED/FINAL);
+                               Contained, when the supervisor saw it (BP_MSG_EXITED/FINAL,
+                               after RUN: from start_ns here);
                                uncontained, when the loop last saw the leader alive */
     int64_t alive_seen_ns;  /* uncontained: the last poll that found the exit fd quiet */
     int exit_fd;            /* pidfd, or the watcher thread's pipe; -1: none */

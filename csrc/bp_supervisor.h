@@ -31,7 +31,7 @@
  *                         or SIGNAL that crossed it is ignored (no FINAL)
  *     BP_MSG_EXITED       the leader exited (still unreaped): pid, and status,
  *                         its wait status as peeked; kept by the core for a
- *                         supervisor that dies before FINAL (SPEC 9.2); exit_ns,
+ *                         supervisor that dies before FINAL (SPEC 9.2); exit_after_ns,
  *                         when (the core may read it late, past its deadline)
  *     BP_MSG_FINAL        the leader's status; rusage summed over every process
  *                         reaped during the run (max_rss: the largest);
@@ -133,9 +133,10 @@ struct bp_sup_msg {
     int64_t utime_us;
     int64_t stime_us;
     int64_t maxrss_kb;
-    int64_t exit_ns;        /* EXITED, FINAL: CLOCK_MONOTONIC when the leader's exit was
-                               seen (the core's deadline is on the same clock); 0: it
-                               did not exit on its own (killed at KILL or the backstop) */
+    int64_t exit_after_ns;  /* EXITED, FINAL: when the leader's exit was seen, in ns
+                               after RUN came (>= 1; a duration, as a caller in another
+                               time namespace has another CLOCK_MONOTONIC); 0: it did
+                               not exit on its own (killed at KILL or the backstop) */
 };
 
 #endif

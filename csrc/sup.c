@@ -864,6 +864,8 @@ static void sup_lost(struct bp_run *run, int how)
     }
     run->sup_pending = 0;
     run->sup_dead = 1;
+    if (!run->leader_exited)
+        run->exit_ns = bp__now_ns();  /* no exit time came: the loss counts from now */
     run->leader_exited = 1;
 }
 
@@ -938,7 +940,7 @@ void bp__sup_event(struct bp_run *run)
         exec_confirmed(run, 0);
         run->exited_status = m.status;
         run->leader_exited = 1;
-        run->exit_ns = m.exit_ns;
+        run->exit_ns = run->start_ns + m.exit_after_ns;  /* on our clock */
         return;
     }
     if (got == 1 && m.type == BP_MSG_FINAL) {
@@ -947,7 +949,7 @@ void bp__sup_event(struct bp_run *run)
          * nothing more from it (bp__sup_reap). */
         take_final(run, &m);
         run->leader_exited = 1;
-        run->exit_ns = m.exit_ns > 0 ? m.exit_ns : bp__now_ns();
+        run->exit_ns = m.exit_after_ns > 0 ? run->start_ns + m.exit_after_ns : bp__now_ns();
         run->sup_final = 1;
         return;
     }

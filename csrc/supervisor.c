@@ -90,7 +90,8 @@ struct sup {
     pid_t leader;
     int new_session;
     int exited;
-    int64_t exit_ns;      /* when exited was seen (bp_sup_msg.exit_ns) */
+    int64_t started_ns;   /* when RUN came */
+    int64_t exit_after_ns; /* when exited was seen, after started_ns (bp_sup_msg) */
     int64_t backstop_at;  /* when to kill the run ourselves (bp_sup_cmd.backstop_ns); 0: never */
     int backstop_hit;     /* it was killed then, its leader still running: FINAL says so */
     int64_t utime_us, stime_us, maxrss_kb;
@@ -141,7 +142,7 @@ static void send_exited(const struct sup *s, const siginfo_t *info)
     memset(&m, 0, sizeof m);
     m.type = BP_MSG_EXITED;
     m.pid = (int)s->leader;
-    m.exit_ns = s->exit_ns;
+    m.exit_after_ns = s->exit_after_ns;
     if (info == NULL)
         m.status = 0;  /* the core's fallback then is a kill's status (sup.c) */
     else if (info->si_code == CLD_EXITED)
@@ -351,7 +352,7 @@ static void finish_alone(struct sup *s)
     memset(&m, 0, sizeof m);
     m.type = BP_MSG_FINAL;
     m.pid = (int32_t)s->leader;
-    m.exit_ns = s->exit_ns;
+    m.exit_after_ns = s->exit_after_ns;
     (void)kill(s->new_session ? -s->leader : s->leader, SIGKILL);
     int status = 0;
     (void)reap_one(s, s->leader, 0, &status);
@@ -600,7 +601,7 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
     memset(&m, 0, sizeof m);
     m.type = BP_MSG_FINAL;
     m.pid = (int32_t)s->leader;
-    m.exit_ns = s->exited ? s->exit_ns : 0;
+    m.exit_after_ns = s->exited ? s->exit_after_ns : 0;
     (void)signal_round(s, 0, SIGKILL, NULL);
     int status = 0;
     int unkillable = leader_unkillable(s);
@@ -904,6 +905,13 @@ static int drain_signals(struct sup *s, int *chld)
     return s->parent_died || getppid() != s->caller;
 }
 
+/* The leader's exit is seen now: when, for the core's deadline (bp_sup_msg). */
+static void seen_exit(struct sup *s)
+{
+    int64_t after = now_ns() - s->started_ns;
+    s->exit_after_ns = after > 0 ? after : 1;
+}
+
 /* Serve one run from its RUN command to FINAL.  Returns 0, or -1 when the
  * supervisor must exit (the caller is gone). */
 static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fds)
@@ -912,7 +920,8 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
     s->new_session = cmd->new_session;
     s->exited = 0;
     s->backstop_hit = 0;
-    s->backstop_at = cmd->backstop_ns > 0 ? now_ns() + cmd->backstop_ns : 0;
+    s->started_ns = now_ns();
+    s->backstop_at = cmd->backstop_ns > 0 ? s->started_ns + cmd->backstop_ns : 0;
     s->leader = start_leader(s, cmd, fds);
     if (s->leader > 0) {
         /* Hold the output ends until FINAL (bp_supervisor.h); nothing else
@@ -978,7 +987,7 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
                 if (waitid(P_PID, (id_t)s->leader, &info, WEXITED | WNOHANG | WNOWAIT) == 0
                     && info.si_pid == s->leader) {
                     s->exited = 1;
-                    s->exit_ns = now_ns();
+                    seen_exit(s);
                     (void)settle_start(s, 0);  /* it exited: settled */
                     if (start_failed(s)) {
                         report_start_failed(s);
@@ -995,7 +1004,7 @@ static int serve(struct sup *s, const struct bp_sup_cmd *cmd, struct run_fds *fd
                      * SIGCHLD.  The run ends as at any exit: the final kill kills the
                      * tracer, and the zombie comes to us, status and all (reap_leader). */
                     s->exited = 1;
-                    s->exit_ns = now_ns();
+                    seen_exit(s);
                     (void)settle_start(s, 0);
                     (void)reap_orphans(s);
                     send_exited(s, NULL);

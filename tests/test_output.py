@@ -14,6 +14,7 @@ import io
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import threading
@@ -227,6 +228,56 @@ def test_an_exit_after_the_deadline_while_a_callback_held_the_caller_is_the_dead
     r = run(["sh", "-c", "echo hi; sleep 0.8; exit 3"], timeout=0.3, kill_grace=5.0,
             on_output=slow)
     assert (r.exit_code, r.timed_out) == (124, True), r
+
+
+# The caller enters a time namespace for its children (as root) with CLOCK_MONOTONIC 1000 s
+# ahead: its supervisor, a child, reads another monotonic clock than the caller.
+TIME_NAMESPACE_CALLER = """
+import ctypes, json, sys, time
+from boundedproc import run
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x80) != 0:  # CLONE_NEWTIME
+    print(json.dumps("unshare: errno %d" % ctypes.get_errno()))
+    sys.exit()
+with open("/proc/self/timens_offsets", "w") as f:
+    f.write("monotonic 1000 0\\n")
+def slow(stream, chunk):
+    time.sleep(1.2)
+r = run(["sh", "-c", "echo hi; sleep 0.1; exit 3"], timeout=0.6, on_output=slow)
+print(json.dumps([r.exit_code, r.timed_out]))
+"""
+
+
+@pytest.mark.skipif(not CONTAIN_SUPPORTED, reason="needs containment")
+def test_the_exit_time_holds_for_a_caller_in_another_time_namespace() -> None:
+    """The supervisor stamped the exit on its own CLOCK_MONOTONIC, which is not the caller's
+    when the caller made a time namespace for its children: 1000 s ahead, an exit 0.1 s in
+    came out as after the 0.6 s deadline (124).  It now sends how long after the run's
+    start the exit came."""
+    if os.geteuid() != 0 or not os.path.exists("/proc/self/timens_offsets"):
+        pytest.skip("needs root and time namespaces")
+    out = subprocess.run([sys.executable, "-c", TIME_NAMESPACE_CALLER], capture_output=True,
+                         text=True, timeout=60, env=importable_env(), check=False)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    if isinstance(got, str):
+        pytest.skip(got)
+    assert got == [3, False]
+
+
+@pytest.mark.skipif(not CONTAIN_SUPPORTED, reason="needs containment")
+def test_a_supervisor_lost_after_the_deadline_while_a_callback_held_the_caller_is_late(
+        ) -> None:
+    """The command kills its supervisor after the deadline, while the caller is held: the
+    loss came with no exit time and was counted as an exit before the deadline, so the
+    run said it was not timed out.  A loss counts from when it was seen."""
+    def slow(stream: int, chunk: bytes) -> None:
+        time.sleep(2.0)
+
+    r = run(["sh", "-c", "echo hi; sleep 0.6; kill -9 $PPID; sleep 30"], timeout=0.4,
+            on_output=slow)
+    assert (r.timed_out, r.exit_code) == (True, 124), r
+    assert r.runner_error is not None and r.runner_error.startswith("runner failed: "), r
 
 
 @pytest.mark.skipif(not CONTAIN_SUPPORTED, reason="needs containment")
