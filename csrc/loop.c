@@ -103,6 +103,12 @@ static int writers_gone(const struct bp_run *run)
 }
 
 #ifdef __linux__
+static int compare_longs(const void *a, const void *b)
+{
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
 /* Whether fd `name` of process pid is open for writing (/proc/PID/fdinfo's flags): a
  * pipe's read end held elsewhere (a child the caller forked has copies of our fds) writes
  * nothing and keeps no EOF away.  1 when it cannot be read: counted as a writer. */
@@ -117,6 +123,39 @@ static int opened_for_writing(long pid, const char *name)
     if (at == NULL || sscanf(at + 6, " %o", &flags) != 1)
         return 1;
     return (flags & O_ACCMODE) != O_RDONLY;
+}
+
+/* The pids in /proc, in ascending order (*n of them; NULL: it cannot be read). */
+static long *proc_pids(size_t *n)
+{
+    DIR *procs = opendir("/proc");
+    if (procs == NULL)
+        return NULL;
+    size_t cap = 1024, got = 0;
+    long *pids = malloc(cap * sizeof *pids);
+    struct dirent *p;
+    while (pids != NULL && (p = readdir(procs)) != NULL) {
+        char *end;
+        long pid = strtol(p->d_name, &end, 10);
+        if (*end != '\0' || pid <= 0)
+            continue;
+        if (got == cap) {
+            long *more = realloc(pids, 2 * cap * sizeof *pids);
+            if (more == NULL) {
+                free(pids);
+                pids = NULL;
+                break;
+            }
+            pids = more;
+            cap *= 2;
+        }
+        pids[got++] = pid;
+    }
+    closedir(procs);
+    if (pids != NULL)
+        qsort(pids, got, sizeof *pids, compare_longs);
+    *n = got;
+    return pids;
 }
 
 /* A process other than this one that has an output pipe of the run open for writing
@@ -137,16 +176,18 @@ static long pipe_holder(const struct bp_run *run, int *partial)
             return -1;
         wl[i] = snprintf(want[i], sizeof want[i], "pipe:[%llu]", (unsigned long long)st.st_ino);
     }
-    DIR *procs = opendir("/proc");
-    if (procs == NULL)
+    size_t count = 0;
+    long *pids = proc_pids(&count);
+    if (pids == NULL)
         return -1;
     long self = (long)getpid();
     long holder = 0;
-    struct dirent *p;
-    while (holder == 0 && (p = readdir(procs)) != NULL) {
-        char *end;
-        long pid = strtol(p->d_name, &end, 10);
-        if (*end != '\0' || pid <= 0 || pid == self)
+    /* Newest first: a run's escapee came after its leader, and the look stops at the
+     * first holder, so the host's older processes (thousands of fd tables, hundreds of
+     * ms under load) are read only when no newer one holds the pipes. */
+    for (size_t k = count; holder == 0 && k-- > 0;) {
+        long pid = pids[k];
+        if (pid == self)
             continue;
         (void)snprintf(path, sizeof path, "/proc/%ld/fd", pid);
         int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -170,7 +211,7 @@ static long pipe_holder(const struct bp_run *run, int *partial)
         }
         closedir(fds);
     }
-    closedir(procs);
+    free(pids);
     return holder;
 }
 
