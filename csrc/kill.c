@@ -200,21 +200,26 @@ int bp__reap(struct bp_run *run)
         pthread_join(run->watcher, NULL);
         run->watcher_started = 0;
     }
-    if (run->res->exit_watch == BP_WATCH_PIDFD && run->exit_fd >= 0 && held_by_tracer(run)) {
-        if (run->res->err_stage == BP_STAGE_NONE) {
-            run->res->err_stage = BP_STAGE_WAIT;
-            run->res->err_errno = EBUSY;  /* runner failed: ... traced (_run.py) */
-        }
-        bp__let_go(run);
-        return 0;
-    }
     int status = 0;
     struct rusage ru;
     memset(&ru, 0, sizeof ru);
     pid_t r;
-    do {
-        r = wait4(run->pid, &status, 0, &ru);
+    do {  /* the usual case: it exited already, and this reaps it */
+        r = wait4(run->pid, &status, WNOHANG, &ru);
     } while (r < 0 && errno == EINTR);
+    if (r == 0) {  /* still dying, or held by a tracer */
+        if (run->res->exit_watch == BP_WATCH_PIDFD && run->exit_fd >= 0 && held_by_tracer(run)) {
+            if (run->res->err_stage == BP_STAGE_NONE) {
+                run->res->err_stage = BP_STAGE_WAIT;
+                run->res->err_errno = EBUSY;  /* runner failed: ... traced (_run.py) */
+            }
+            bp__let_go(run);
+            return 0;
+        }
+        do {
+            r = wait4(run->pid, &status, 0, &ru);
+        } while (r < 0 && errno == EINTR);
+    }
     int e = errno;  /* wait4's, whatever the pidfd is asked below */
     run->reaped = 1;
     struct bp_result *res = run->res;

@@ -326,7 +326,6 @@ static int64_t drain_deadline(struct bp_run *run, int64_t now)
     return run->drain_settle_ns;
 }
 
-
 /*
  * Uncontained, after the group's SIGKILL: whether the leader may not be
  * signalled by us (EPERM: it runs as another user, as a setuid program that
