@@ -70,13 +70,19 @@ static int sigkill_pending(const char *name)
     return 0;
 }
 
+/* bp__proc_exiting: whether a process whose stat state and flags were just read
+ * (bp__proc_stat) is past the point of no return: in the kernel's exit (freeing its
+ * memory, releasing its files) or a zombie. */
+int bp__proc_exiting(char state, unsigned flags)
+{
+    return state == 'Z' || state == 'X' || state == 'x' || (flags & BP_PF_EXITING) != 0;
+}
+
 /* bp__proc_dying: whether process NAME, whose stat state and flags were just read
- * (bp__proc_stat), is on its way out: a zombie, exiting (its files not yet released),
- * or with a SIGKILL pending that it has not yet been scheduled to act on. */
+ * (bp__proc_stat), is on its way out: exiting (bp__proc_exiting), or with a SIGKILL
+ * pending that it has not yet been scheduled to act on. */
 int bp__proc_dying(const char *name, char state, unsigned flags)
 {
-    if (state == 'Z' || state == 'X' || state == 'x' || (flags & BP_PF_EXITING) != 0)
-        return 1;
-    return sigkill_pending(name);
+    return bp__proc_exiting(state, flags) || sigkill_pending(name);
 }
 #endif

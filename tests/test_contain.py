@@ -576,3 +576,74 @@ def test_uncontained_a_leader_held_by_a_tracer_is_let_go_within_the_bound(
     assert r.escaped and not r.ok, r
     assert r.runner_error is not None and r.runner_error.startswith("runner failed: EBUSY"), r
     assert "traced" in r.runner_error, r.runner_error
+
+
+# A leader whose death takes the kernel long: it holds the only reference to a 4 GiB
+# memfd, whose pages its exit frees (0.6 s here) before the exit shows.  Its child left
+# the session first and let go of the pipes: an orphan the supervisor kills once the
+# leader's death hands it over.
+_BIG_LEADER = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    os.write(1, b"%d\\n" % os.getpid())
+    fd = os.open(os.devnull, os.O_RDWR)
+    for n in (0, 1, 2):
+        os.dup2(fd, n)
+    time.sleep(60)
+    os._exit(0)
+time.sleep(0.1)
+fd = os.memfd_create("big")
+try:
+    os.posix_fallocate(fd, 0, 4 << 30)
+except OSError:
+    os.write(1, b"no memory\\n")
+    sys.exit(3)
+os.write(1, b"ready\\n")
+time.sleep(60)
+"""
+
+
+def _memory_for(size: int) -> bool:
+    """Whether this machine, and our memory cgroup (v2 or v1), has twice size to spare."""
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f
+                         if line.startswith("MemAvailable:"))
+        with open("/proc/self/cgroup") as f:
+            groups = dict(line.strip().split(":", 2)[1:] for line in f if line.count(":") >= 2)
+    except (OSError, StopIteration, ValueError):
+        return False
+    caps = [f"/sys/fs/cgroup{groups.get('', '/')}/memory.max",
+            f"/sys/fs/cgroup/memory{groups.get('memory', '/')}/memory.limit_in_bytes"]
+    for cap in caps:
+        try:
+            with open(cap) as f:
+                value = f.read().strip()
+        except OSError:
+            continue
+        if value != "max" and int(value) < 2 * size:
+            return False
+    return avail >= 2 * size
+
+
+@needs_contain
+@pytest.mark.skipif(not _memory_for(4 << 30), reason="needs 8 GiB of memory to spare")
+def test_a_leader_slow_to_free_its_memory_ends_at_its_deadline(reaper: list[int]) -> None:
+    """Killed at its deadline, the leader took the kernel longer to free its memory than
+    the kill's budget gave the supervisor, which was waiting for that death; given up as
+    unanswering, the run said `runner failed` (a grader's unrunnable, not a timeout) and
+    the supervisor was killed, so the orphan it would have killed lived on.  A supervisor
+    only waiting is now let finish on its own."""
+    assert run(["true"]).ok
+    (sup,) = _native.supervisor_pids()[-1:]  # this thread's, which serves the next run
+    r = run([PY, "-c", _BIG_LEADER], timeout=3, kill_grace=0, drain_grace=0)
+    orphans = pids_in(r.stdout)
+    reaper.extend(orphans)
+    if b"ready" not in r.stdout:
+        pytest.skip(f"the leader did not fill its memory before its deadline: {r.stdout!r}")
+    assert (r.exit_code, r.timed_out, r.runner_error) == (124, True, None), r
+    assert len(orphans) == 1 and not r.escaped, r
+    assert wait_dead(orphans) == [], "the leader's orphan outlived the run"
+    assert wait_dead([sup]) == [], "the supervisor let go stays behind"
+    assert run(["true"]).ok  # a fresh supervisor serves the next run
