@@ -1045,6 +1045,51 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
             switch.close()
 
 
+class _Workers:
+    """A ``run_many`` call's Python workers, and the one place that ends them.
+
+    ``close()`` sets the call's switch when the call was cut short (in-flight runs end now,
+    queued ones spawn nothing), gives every worker its stop, waits for them, and closes the
+    switch.  A raise inside it (a second Ctrl-C) leaves the rest to ``__del__``, which the
+    generator's frame going away runs, as ``Batch`` does for the core's threads: the workers
+    were otherwise never told to stop, and waited for good.
+    """
+
+    __slots__ = ("cut_short", "owner", "switch", "tasks", "threads")
+
+    def __init__(self, tasks: queue.SimpleQueue[_Task], switch: Cancel | None) -> None:
+        self.tasks = tasks
+        self.switch = switch
+        self.threads: list[threading.Thread] = []
+        self.cut_short = True  # until the call's consumer took every result
+        self.owner = _forks
+
+    def close(self) -> None:
+        """End the workers (idempotent); a forked child's copy only lets go of its fds."""
+        ours = _forks == self.owner  # a forked child's switch and workers are the parent's
+        if self.cut_short and ours and self.switch is not None:
+            self.switch.cancel()
+        for _ in self.threads:
+            self.tasks.put(None)  # again after a raise: a stop too many is never taken
+        # A generator left open to the interpreter's exit is closed by its last collection,
+        # when daemon threads no longer run Python: 3.13 parks them for good, and a join
+        # would never return. Their runs were ended by the switch (the core kills and reaps
+        # without Python), and the supervisors of contained ones see this process go.
+        if ours and not sys.is_finalizing():
+            for worker in self.threads:
+                # A start cut short by a raise may not have begun the thread (join refuses
+                # it); begun, it takes its stop and ends.
+                with contextlib.suppress(RuntimeError):
+                    worker.join()  # every run's group is killed and reaped by now
+        self.threads.clear()
+        switch, self.switch = self.switch, None
+        if switch is not None:
+            switch.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
                   options: dict[str, Any]) -> Generator[Any, None, None]:
     # Python workers that call run(): for commands with on_output or tmpdir, which
@@ -1062,7 +1107,8 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
     switch = switch_or_none()
     tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
     fds = _FdShare()
-    workers: list[threading.Thread] = []
+    crew = _Workers(tasks, switch)
+    workers = crew.threads
     pending: deque[_Slot | _Raise] = deque()
     more = True
 
@@ -1105,33 +1151,15 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
             tasks.put((slot, cmd, opts))
 
     def take(slot: _Slot) -> AnyResult:
-        if _forks != owner:  # its workers are the parent's: the slot would never be done
+        if _forks != crew.owner:  # its workers are the parent's: the slot would never be done
             raise RuntimeError("boundedproc: a run_many iterator cannot go on in a forked child")
         return slot.take()
 
-    owner = _forks
-    finished = False
     try:
         yield from _in_order(pending, fill, take, bar)
-        finished = True
+        crew.cut_short = False
     finally:
-        # (a forked child's switch is the parent's)
-        if not finished and _forks == owner and switch is not None:
-            switch.cancel()  # in-flight runs end now; queued ones spawn nothing
-        for _ in workers:
-            tasks.put(None)
-        # A generator left open to the interpreter's exit is closed by its last collection,
-        # when daemon threads no longer run Python: 3.13 parks them for good, and a join
-        # would never return. Their runs were ended by the switch (the core kills and reaps
-        # without Python), and the supervisors of contained ones see this process go.
-        if not sys.is_finalizing():
-            for worker in workers:
-                # A start cut short by a raise may not have begun the thread (join refuses
-                # it); begun, it takes its stop and ends.
-                with contextlib.suppress(RuntimeError):
-                    worker.join()  # every run's group is killed and reaped by now
-        if switch is not None:
-            switch.close()
+        crew.close()
 
 
 def _measure_async(n: int = 200, seconds: float = 0.5) -> None:

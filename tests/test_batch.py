@@ -688,10 +688,10 @@ def test_a_raise_inside_a_python_workers_start_does_not_hang_run_many() -> None:
     assert got["took"] < 10 and got["left"] == [], got
 
 
-# run_many on core threads, closed early, while a second raise (a second Ctrl-C) lands in
+# run_many (on core threads, or Python workers), closed early, while a second raise (a second Ctrl-C) lands in
 # its cleanup before the call's switch is set.
 RAISE_IN_CLEANUP = """
-import gc, json, os, sys, time
+import gc, json, os, sys, threading, time
 from boundedproc import _cancel, run_many
 real_cancel = _cancel.Cancel.cancel
 raised = []
@@ -705,7 +705,8 @@ def cancel(self):
 _cancel.Cancel.cancel = cancel
 folder = sys.argv[1]
 cmds = [["true"]] + [["sh", "-c", f"echo $$ > {folder}/{i}; exec sleep 30"] for i in range(3)]
-gen = run_many(cmds, jobs=4, timeout=30)
+extra = {"on_output": lambda stream, chunk: None} if sys.argv[2] == "python" else {}
+gen = run_many(cmds, jobs=4, timeout=30, **extra)
 next(gen)
 while len(os.listdir(folder)) < 3:
     time.sleep(0.01)
@@ -716,17 +717,22 @@ except KeyboardInterrupt:
     pass
 del gen
 gc.collect()
-print(json.dumps({"raised": bool(raised), "took": time.monotonic() - t,
+time.sleep(0.2)  # a stopped worker's thread is gone within this
+threads = [t.name for t in threading.enumerate() if t.name.startswith("boundedproc-many")]
+print(json.dumps({"raised": bool(raised), "took": time.monotonic() - t, "threads": threads,
                   "pids": [int(open(f"{folder}/{name}").read()) for name in os.listdir(folder)]}))
 """
 
 
-def test_a_raise_in_run_manys_cleanup_still_ends_its_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["core", "python"])
+def test_a_raise_in_run_manys_cleanup_still_ends_its_runs(tmp_path: Path, workers: str) -> None:
     """The cleanup of a run_many closed early sets the call's switch, then waits for its
     workers.  A second raise that landed before the switch was set skipped both: the runs
-    went on, and the close waited for as long as they ran (their timeout).  The batch now sets the switch itself when it is closed with
-    runs in flight."""
-    out = subprocess.run([sys.executable, "-c", RAISE_IN_CLEANUP, str(tmp_path)],
+    went on, and the close waited for as long as they ran (their timeout); with Python
+    workers (an on_output), the workers were never told to stop, and waited for good.  The
+    workers' owner (the batch, or the Python workers' own) now sets the switch itself when
+    it is closed, or collected, with runs in flight."""
+    out = subprocess.run([sys.executable, "-c", RAISE_IN_CLEANUP, str(tmp_path), workers],
                          capture_output=True, text=True, timeout=90, env=importable_env(),
                          check=False)
     assert out.returncode == 0, out.stderr
@@ -735,6 +741,7 @@ def test_a_raise_in_run_manys_cleanup_still_ends_its_runs(tmp_path: Path) -> Non
         assert got["raised"] and len(got["pids"]) == 3, got
         assert got["took"] < 5, got
         assert wait_dead(got["pids"], within=2) == [], got
+        assert got["threads"] == [], got
     finally:
         for pid in got["pids"]:
             with contextlib.suppress(ProcessLookupError):
