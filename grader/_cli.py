@@ -7,7 +7,8 @@ Decisions taken where SPEC section 4 is silent:
   shifts the line numbers of those after it. Blank lines are skipped. Keys other than ``id``,
   ``title``, ``rung``, ``check`` and ``expect`` are ignored, so a claims file may carry its own
   bookkeeping. A line that is not a JSON object (or is JSON this parser cannot hold: nested
-  too deeply, an integer of thousands of digits), lacks a string ``id`` or an integer ``rung``
+  too deeply, an integer of thousands of digits), lacks an ``id`` (a non-empty string, or an
+  integer, echoed as given: ``7`` and ``"7"`` are two ids) or an integer ``rung``
   from 1 to 5, has a non-string ``title``/``check``/``expect``, repeats an earlier ``id``, or is
   not UTF-8 is malformed: it is reported as ``line N: ...`` on stderr, not graded, and makes the
   exit status 2.
@@ -131,7 +132,7 @@ class ClaimLine:
     """
 
     line: int
-    id: str
+    id: str | int
     title: str | None
     evidence: Evidence
 
@@ -147,7 +148,7 @@ class ClaimOutcome:
         duration: Seconds spent verifying the claim (parse and run).
     """
 
-    id: str
+    id: str | int
     grade: Grade
     exit_code: int | None
     duration: float
@@ -166,7 +167,7 @@ class GradedFile:
     errors: list[str]
 
 
-def _parse_line(number: int, raw: bytes, seen: dict[str, int]) -> ClaimLine | str | None:
+def _parse_line(number: int, raw: bytes, seen: dict[str | int, int]) -> ClaimLine | str | None:
     """A claim, an error message without its ``line N:`` prefix, or ``None`` for a blank line."""
     try:
         text = raw.decode("utf-8")
@@ -185,8 +186,8 @@ def _parse_line(number: int, raw: bytes, seen: dict[str, int]) -> ClaimLine | st
     if not isinstance(item, dict):
         return f"expected a JSON object, got {type(item).__name__}"
     claim_id = item.get("id")
-    if not isinstance(claim_id, str) or not claim_id:
-        return "'id' must be a non-empty string"
+    if isinstance(claim_id, bool) or not isinstance(claim_id, (str, int)) or claim_id == "":
+        return "'id' must be a non-empty string or an integer"
     if claim_id in seen:
         return f"id {claim_id!r} is already used on line {seen[claim_id]}"
     rung = item.get("rung")
@@ -225,7 +226,7 @@ def parse_claims(lines: Iterable[bytes]) -> tuple[list[ClaimLine], list[str]]:
     """
     claims: list[ClaimLine] = []
     errors: list[str] = []
-    seen: dict[str, int] = {}
+    seen: dict[str | int, int] = {}
     for number, raw in enumerate(lines, start=1):
         parsed = _parse_line(number, raw.rstrip(b"\r\n"), seen)
         if isinstance(parsed, ClaimLine):
@@ -507,7 +508,7 @@ class _PrefixedEcho:
 
     _ECHO_MAX_LINE = 64 * 1024
 
-    def __init__(self, claim_id: str) -> None:
+    def __init__(self, claim_id: str | int) -> None:
         self._prefix = f"[{claim_id}] "
         self._decoders = {
             stream: codecs.getincrementaldecoder("utf-8")(errors="replace") for stream in (1, 2)
@@ -778,7 +779,7 @@ def _parser() -> argparse.ArgumentParser:
             "ends), and graded: verified, silent-check, contradicted, unrunnable or uncheckable."
         ),
         epilog=(
-            'Each input line is a JSON object: {"id": str, "title": str, "rung": 1-5, '
+            'Each input line is a JSON object: {"id": str or int, "title": str, "rung": 1-5, '
             '"check": str, "expect": str}; title, check and expect may be omitted, other keys '
             "are ignored. Checks run in an empty environment but for --env-file and "
             "--pass-env. Output: one JSON line per claim "

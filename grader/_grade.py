@@ -274,7 +274,7 @@ class Grade:
     verdict: Verdict
     reason: Reason | None = None
     note: str | None = None
-    duplicate_of: str | None = None
+    duplicate_of: str | int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,14 +344,15 @@ class Claim:
     """A claim and the execution a grader made of its check, as ``grade_claims`` reads it.
 
     Attributes:
-        id: Stable identity that a ``duplicate_of`` can point back to.
+        id: Stable identity that a ``duplicate_of`` can point back to: a string, or an
+            integer (a claims file's ``"id": 7``).
         title: The claim's own sentence; claims sharing a check but saying different things are
             not duplicates. ``None`` means the claim is never flagged as a duplicate.
         evidence: The recorded evidence.
         execution: The observed execution, or ``None`` when the check was not run.
     """
 
-    id: str
+    id: str | int
     title: str | None
     evidence: Evidence
     execution: CheckExecution | None
@@ -669,9 +670,9 @@ class DuplicateMarker:
     __slots__ = ("_first_seen",)
 
     def __init__(self) -> None:
-        self._first_seen: dict[tuple[Hashable, Verdict], str] = {}
+        self._first_seen: dict[tuple[Hashable, Verdict], str | int] = {}
 
-    def mark(self, claim_id: str, key: Hashable | None, grade: Grade) -> Grade:
+    def mark(self, claim_id: str | int, key: Hashable | None, grade: Grade) -> Grade:
         """Return ``grade``, with ``duplicate_of`` set when an earlier claim matches.
 
         Args:

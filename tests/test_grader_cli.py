@@ -113,9 +113,11 @@ def test_parse_claims_reads_well_formed_lines() -> None:
     [
         (b"{not json", "not valid JSON"),
         (b"[1, 2]", "expected a JSON object"),
-        (b'{"rung": 4}', "'id' must be a non-empty string"),
-        (b'{"id": "", "rung": 4}', "'id' must be a non-empty string"),
-        (b'{"id": 7, "rung": 4}', "'id' must be a non-empty string"),
+        (b'{"rung": 4}', "'id' must be a non-empty string or an integer"),
+        (b'{"id": "", "rung": 4}', "'id' must be a non-empty string or an integer"),
+        (b'{"id": 7.5, "rung": 4}', "'id' must be a non-empty string or an integer"),
+        (b'{"id": true, "rung": 4}', "'id' must be a non-empty string or an integer"),
+        (b'{"id": ["a"], "rung": 4}', "'id' must be a non-empty string or an integer"),
         (b'{"id": "x"}', "'rung' must be an integer from 1 to 5"),
         (b'{"id": "x", "rung": "4"}', "'rung' must be an integer from 1 to 5"),
         (b'{"id": "x", "rung": 7}', "'rung' must be an integer from 1 to 5"),
@@ -240,6 +242,23 @@ def test_duplicates_are_flagged_in_the_output(
     cli.main([str(path)])
     lines = output_lines(capsys.readouterr().out)
     assert [line["duplicate_of"] for line in lines] == [None, "a", None]
+
+
+def test_integer_ids_are_graded_and_echoed_as_given(
+    tmp_path: Path, fake: FakeVerify, capsys: Any
+) -> None:
+    """A claims file may number its claims (`"id": 7`): they are graded, and the output's id
+    and duplicate_of are the same integers (they were malformed lines, exit 2); 7 and "7" are
+    two ids, and an integer repeated is refused as a repeated string is."""
+    first = {**claim("x", title="Six rows"), "id": 7}
+    again = {**claim("x", title="six rows"), "id": 8}
+    text = {**claim("x", title="Seven rows"), "id": "7"}
+    path = write_claims(tmp_path, first, again, text)
+    assert cli.main([str(path)]) == 0
+    lines = output_lines(capsys.readouterr().out)
+    assert [(line["id"], line["duplicate_of"]) for line in lines] == [(7, None), (8, 7), ("7", None)]
+    _, errors = cli.parse_claims([json.dumps(first).encode(), json.dumps(first).encode()])
+    assert errors == ["line 2: id 7 is already used on line 1"]
 
 
 def test_lone_surrogates_never_crash_the_output(
