@@ -505,7 +505,32 @@ def bench_background(quick: bool) -> list[Row]:
                 o, t, "s", o / t, "<= 0.25 s; 0 left", met,
                 f"survivors over {reps} runs (ours vs subprocess.run): {surv}",
                 extra={"ours_survivors": ours_surv, "subprocess_survivors": sub_surv,
-                       "reps": reps})]
+                       "reps": reps}),
+            _escapee_drain_row(quick)]
+
+
+def _escapee_drain_row(quick: bool) -> Row:
+    """Uncontained, a setsid escapee holds the pipes: the run ends at its bound (timeout +
+    drain_grace) with escaped; how far past that bound it returns."""
+    reps = 5 if quick else 20
+    timeout, grace = 0.2, 0.1
+    cmd = ["bash", "-c", "setsid sleep 3 & exec sleep 60"]  # the escapee ends itself too
+    took: list[float] = []
+    for _ in range(reps):
+        token = uuid.uuid4().hex
+        t0 = time.perf_counter()
+        r = bp.run(cmd, timeout=timeout, drain_grace=grace, contain=False,
+                   env={"BP_BENCH_TOKEN": token})
+        took.append(time.perf_counter() - t0)
+        _kill_pids(_survivors(token, 0), token)
+        assert r.timed_out and r.escaped, r
+    o = _med(took)
+    bound = timeout + grace
+    return Row("B7.esc", "(info) contain=False, a setsid escapee holding the pipes: return "
+               f"time vs its bound (timeout {timeout} + drain_grace {grace})", o, bound, "s",
+               o / bound, "(info)", None,
+               f"median of {reps}: {(o - bound) * 1e3:+.1f} ms past the bound (spawn, the "
+               "kill, the look at who holds the pipes)")
 
 
 # ---- B8: output cap with kill ---------------------------------------------------------

@@ -109,8 +109,8 @@ struct bp_run {
     int64_t grace_end_ns;
     int64_t drain_end_ns;
     int64_t drain_settle_ns; /* past drain_end, while a writer may be a killed process on its
-                               way out: when to look (next) at who holds the pipes (0: not
-                               yet set) */
+                               way out: when to look (next) at who holds the pipes (first:
+                               BP_DRAIN_SETTLE_NS after the kill; 0: never again) */
     int64_t drain_cap_ns;       /* the longest the drain waits for holders the run killed,
                                    or for pipes that nobody holds */
     int64_t drain_step_ns;      /* the step between two looks at a killed holder */

@@ -78,6 +78,10 @@ static void enter_drain(struct bp_run *run)
     int64_t g = run->spec->drain_grace_ns;
     int64_t now = bp__now_ns();
     run->drain_end_ns = now + (g > 0 ? g : 0);
+    /* The few ms a killed writer gets to close its ends (drain_deadline) count from
+     * the kill, here: a drain_grace past them has given them already, and at the
+     * bound's 5 ms floor below they are not waited for twice. */
+    run->drain_settle_ns = now + BP_DRAIN_SETTLE_NS;
     /* A long final kill (a fork bomb) ate into the drain: the run's bound
      * (SPEC 2.2 step 7) still holds, with a few ms to read what is buffered. */
     if (run->bound_end_ns >= 0 && run->drain_end_ns > run->bound_end_ns)
@@ -298,7 +302,8 @@ static int64_t release_wait(struct bp_run *run, int64_t now)
  * left, not only whether they reached EOF: the bytes still buffered (a slow
  * on_output, a drain_grace of 0) are then read to EOF, never lost and never
  * taken for an escapee.  A writer may be one of the group just killed, on its
- * way out (or the supervisor about to close its copies): it gets a few ms.
+ * way out (or the supervisor about to close its copies): it gets a few ms from
+ * the kill (enter_drain), which a drain_grace past them has given already.
  * Then the fd tables are looked at (release_wait).  A process killed with the
  * run can be a zombie already while the kernel has not yet released its files
  * (it defers that by a clock tick, and by tens of ms on a loaded machine): a
@@ -318,8 +323,6 @@ static int64_t drain_deadline(struct bp_run *run, int64_t now)
         run->drain_to_eof = 1;  /* finite: at most what the pipes hold */
         return -1;
     }
-    if (run->drain_settle_ns == 0)
-        run->drain_settle_ns = now + BP_DRAIN_SETTLE_NS;
     if (now < run->drain_settle_ns)
         return run->drain_settle_ns;
     run->drain_settle_ns = release_wait(run, now);  /* 0 ends the drain: never read again */
