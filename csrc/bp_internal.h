@@ -124,6 +124,8 @@ struct bp_run {
     int ctl_fd;             /* unused (kept -1) */
     int sup_dead;           /* it died (or stopped answering) during the run */
     int sup_final;          /* its FINAL report came and was taken: nothing left to ask */
+    int sup_let_go;         /* silent while its leader was in the kernel's exit: let finish
+                               on its own, watched by a thread (sup.c, let_sup_go) */
     int exited_status;      /* the leader's wait status from EXITED, -1: none came */
     int sup_pending;        /* RUN sent; the leader's exec (or its failure) not yet known:
                                pid may still be 0, and the supervisor signals for us */
@@ -170,6 +172,10 @@ int bp__sup_usable(const struct bp_sup *sup, int what);
 #define BP_DRAIN_RELEASE_NS 500000000LL
 /* ... when some processes' fd tables could not be read (not root). */
 #define BP_DRAIN_PARTIAL_NS 50000000LL
+/* ... and for holders the run killed when its supervisor was let go (its leader slow to
+ * die: the supervisor, and the leader's children it kills once the death hands them
+ * over, hold the pipes until the kernel is done with the leader). */
+#define BP_DRAIN_LET_GO_NS 3000000000LL
 #ifdef __linux__
 int bp__proc_stat(const char *name, char *state, int *ppid, int *pgrp, unsigned *flags);
 int bp__proc_exiting(char state, unsigned flags);

@@ -255,11 +255,15 @@ static int killed_with_run(const struct bp_run *run, long pid)
         return 0;
     if (run->spec->new_session && run->pid > 0 && pgrp == (int)run->pid)
         return 1;
-    /* the supervisor closing its copies of the pipes, or an orphan it kills */
-    if (run->sup != NULL && (pid == bp_sup_pid(run->sup) || ppid == bp_sup_pid(run->sup)))
+    /* the supervisor closing its copies of the pipes, an orphan it kills, or a child of
+     * the leader, which it kills once the leader's death hands it over (after a let-go,
+     * the leader may still be in its exit) */
+    if (run->sup_pid > 0
+            && (pid == run->sup_pid || ppid == run->sup_pid || (run->pid > 0 && ppid == run->pid)))
         return 1;
     return (ppid == (int)getpid() && ours_not_the_runs(pid)) || bp__proc_dying(name, state, flags);
 }
+
 #endif
 
 /*
@@ -270,7 +274,7 @@ static int64_t release_wait(struct bp_run *run, int64_t now)
 {
 #ifdef __linux__
     if (run->drain_cap_ns == 0)
-        run->drain_cap_ns = now + BP_DRAIN_RELEASE_NS;
+        run->drain_cap_ns = now + (run->sup_let_go ? BP_DRAIN_LET_GO_NS : BP_DRAIN_RELEASE_NS);
     if (run->drain_unheld)  /* none was seen: the pipes' EOF ends the wait, by the cap */
         return now < run->drain_cap_ns ? run->drain_cap_ns : 0;
     int partial = 0;
@@ -428,7 +432,8 @@ int bp_signal(struct bp_run *run, int sig)
  */
 static void wait_group_dead(struct bp_run *run)
 {
-    if (!run->spec->new_session || run->pid <= 0 || !run->reaped)
+    /* (a let-go supervisor's leader is in its exit: the supervisor reaps it) */
+    if (!run->spec->new_session || run->pid <= 0 || !run->reaped || run->sup_let_go)
         return;
     int64_t began = bp__now_ns();
     long step_ns = 100000;

@@ -131,15 +131,19 @@ static int wait_readable(int fd, int ms)
  * exactly, where a stopped one would leave the run to its deadline).  Every
  * wait on the supervisor looks at most BP_SUP_CHECK_NS apart.
  */
-void bp__sup_revive(struct bp_sup *sup)
+static void revive(pid_t pid)
 {
-    if (sup == NULL || sup->pid <= 0)
-        return;
     siginfo_t info;
     memset(&info, 0, sizeof info);
-    if (waitid(P_PID, (id_t)sup->pid, &info, WSTOPPED | WNOHANG | WNOWAIT) == 0
-        && info.si_pid == sup->pid && info.si_code == CLD_STOPPED)
-        (void)kill(sup->pid, SIGCONT);
+    if (waitid(P_PID, (id_t)pid, &info, WSTOPPED | WNOHANG | WNOWAIT) == 0
+        && info.si_pid == pid && info.si_code == CLD_STOPPED)
+        (void)kill(pid, SIGCONT);
+}
+
+void bp__sup_revive(struct bp_sup *sup)
+{
+    if (sup != NULL && sup->pid > 0)
+        revive(sup->pid);
 }
 
 /* One message; 1 read, 0 EOF (or a short record), -1 error (errno). */
@@ -995,20 +999,67 @@ static int only_waiting(struct bp_run *run)
            && state != 'T' && state != 't' && state != 'Z';
 }
 
+/* How long a let-go supervisor may take to finish before it is SIGKILLed. */
+#define LET_GO_CAP_NS 30000000000LL
+
+struct let_go {
+    pid_t pid;
+    int pidfd;  /* -1: none (before Linux 5.3) */
+};
+
+/* A let-go supervisor's watcher: continued whenever the command stopped it (nobody
+ * else looks any more), reaped when it exits, SIGKILLed past LET_GO_CAP_NS. */
+static void *watch_let_go(void *p)
+{
+    struct let_go w = *(struct let_go *)p;
+    free(p);
+    int64_t until = bp__now_ns() + LET_GO_CAP_NS;
+    int status = 0;
+    while (try_reap(w.pid, &status) == 0) {
+        if (bp__now_ns() > until) {
+            (void)kill(w.pid, SIGKILL);
+            while (waitpid(w.pid, &status, 0) < 0 && errno == EINTR)
+                ;
+            break;
+        }
+        revive(w.pid);
+        if (w.pidfd < 0 || wait_readable(w.pidfd, (int)(BP_SUP_CHECK_NS / 1000000)) < 0) {
+            struct timespec ts = {0, BP_SUP_CHECK_NS};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (w.pidfd >= 0)
+        (void)close(w.pidfd);
+    return NULL;
+}
+
 /* Let a supervisor that is only waiting (only_waiting) finish on its own: it
  * reaps the leader, kills what the death hands it, finds its socket closed and
- * exits; a thread of ours reaps it.  The leader got the run's SIGKILL; its
- * status and resource use stay with the supervisor. */
-static void let_sup_go(struct bp_run *run)
+ * exits, watched by a thread of ours.  The leader got the run's SIGKILL; its
+ * status and resource use stay with the supervisor.  0 when no thread could
+ * watch it (then it is given up as before). */
+static int let_sup_go(struct bp_run *run)
 {
     struct bp_sup *sup = run->sup;
+    struct let_go *w = malloc(sizeof *w);
+    if (w == NULL)
+        return 0;
+    w->pid = sup->pid;
+    w->pidfd = sup->pidfd;
+    pthread_t thread;
+    if (bp__quiet_thread(&thread, 64 * 1024, 1, watch_let_go, w) != 0) {
+        free(w);
+        return 0;
+    }
+    sup->pidfd = -1;  /* the watcher's now */
+    sup->pid = 0;     /* not ours to signal or wait for any more */
     kill_group(run, SIGKILL);
     sup->broken = 1;
     bp__close_fd(&sup->sock);
-    bp__reap_later(sup->pid);
-    sup->pid = 0;  /* not ours to signal or wait for any more */
     run->reaped = 1;
-    bp__record_unknown_status(run->res);
+    run->sup_let_go = 1;
+    record_lost_status(run);
+    return 1;
 }
 
 /*
@@ -1035,10 +1086,8 @@ int bp__sup_reap(struct bp_run *run)
     struct bp_sup_msg m;
     while (!run->sup_dead && !final) {
         int64_t left = (until - bp__now_ns()) / 1000000;
-        if (left <= 0 && only_waiting(run)) {
-            let_sup_go(run);
+        if (left <= 0 && only_waiting(run) && let_sup_go(run))
             return 0;
-        }
         if (left <= 0) {
             sup_lost(run, BP_RUNNER_UNRESPONSIVE);
             break;

@@ -15,7 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import alive, fork_with_threads, importable_env, pids_in, wait_dead, wait_for_pids
+from conftest import (
+    alive,
+    fork_with_threads,
+    importable_env,
+    pids_in,
+    wait_dead,
+    wait_for_pids,
+)
 
 from boundedproc import Cancel, Limits, _native, run
 
@@ -647,3 +654,56 @@ def test_a_leader_slow_to_free_its_memory_ends_at_its_deadline(reaper: list[int]
     assert wait_dead(orphans) == [], "the leader's orphan outlived the run"
     assert wait_dead([sup]) == [], "the supervisor let go stays behind"
     assert run(["true"]).ok  # a fresh supervisor serves the next run
+
+
+# The same leader, whose child waits until the leader is in its exit, gives the core time
+# to let the supervisor go, then stops the supervisor (SIGSTOP), so that the leader is
+# never reaped and the orphan never killed, unless someone continues the supervisor.
+_STOPPER = """
+import os, sys, time
+folder, sup, leader = sys.argv[1], os.getppid(), os.getpid()
+if os.fork() == 0:
+    os.setsid()
+    fd = os.open(os.devnull, os.O_RDWR)
+    for n in (0, 1, 2):
+        os.dup2(fd, n)
+    with open(os.path.join(folder, "pids"), "w") as f:
+        f.write("%d %d %d" % (os.getpid(), sup, leader))
+    def exiting():
+        try:
+            with open("/proc/%d/stat" % leader) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return True
+        return fields[0] in "ZX" or int(fields[6]) & 0x4
+    while not exiting():
+        time.sleep(0.002)
+    time.sleep(0.4)  # the core lets the supervisor go 0.32 s after the deadline
+    os.kill(sup, 19)
+    time.sleep(60)
+    os._exit(0)
+time.sleep(0.1)
+fd = os.memfd_create("big")
+try:
+    os.posix_fallocate(fd, 0, 4 << 30)
+except OSError:
+    sys.exit(3)
+os.write(1, b"ready\\n")
+time.sleep(60)
+"""
+
+
+@needs_contain
+@pytest.mark.skipif(not _memory_for(4 << 30), reason="needs 8 GiB of memory to spare")
+def test_a_let_go_supervisor_that_the_command_stops_still_finishes(tmp_path: Path,
+                                                                  reaper: list[int]) -> None:
+    """A supervisor let go is watched: a process of the run that stopped it (SIGSTOP) left
+    it stopped for good, with the leader never reaped and the orphan it would kill alive,
+    behind a clean 124.  The watcher continues it, as the core does during the run."""
+    r = run([PY, "-c", _STOPPER, str(tmp_path)], timeout=3, kill_grace=0, drain_grace=0)
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    reaper.append(pids[0])
+    if b"ready" not in r.stdout:
+        pytest.skip(f"the leader did not fill its memory before its deadline: {r.stdout!r}")
+    assert (r.exit_code, r.timed_out, r.runner_error) == (124, True, None), r
+    assert wait_dead(pids, within=5) == [], "the orphan, the supervisor or the leader stayed"
