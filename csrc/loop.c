@@ -264,6 +264,15 @@ static int killed_with_run(const struct bp_run *run, long pid)
     return (ppid == (int)getpid() && ours_not_the_runs(pid)) || bp__proc_dying(name, state, flags);
 }
 
+/* Whether a process of the run's group, all SIGKILLed, is still there (the leader a
+ * let-go supervisor has yet to reap, a member in its exit).  A process releases its
+ * files at the end of its exit, the last reference of each deferred behind the rest (a
+ * big memfd's pages first): a pipe no fd table holds may be one of its files on the way.
+ * The group id is not reused while a member, zombie or not, is in it. */
+static int group_left(const struct bp_run *run)
+{
+    return run->spec->new_session && run->pid > 0 && kill(-run->pid, 0) == 0;
+}
 #endif
 
 /*
@@ -280,7 +289,10 @@ static int64_t release_wait(struct bp_run *run, int64_t now)
     int partial = 0;
     long holder = pipe_holder(run, &partial);
     if (holder == 0) {
-        int64_t until = now + (partial ? BP_DRAIN_PARTIAL_NS : BP_DRAIN_RELEASE_NS);
+        /* Where some fd tables could not be read, an unseen holder gets less, unless
+         * a killed process of the run may still be releasing its files. */
+        int short_wait = partial && !group_left(run);
+        int64_t until = now + (short_wait ? BP_DRAIN_PARTIAL_NS : BP_DRAIN_RELEASE_NS);
         if (until < run->drain_cap_ns)
             run->drain_cap_ns = until;
         run->drain_unheld = 1;

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import (
     alive,
+    as_nobody,
     fork_with_threads,
     importable_env,
     pids_in,
@@ -707,3 +708,26 @@ def test_a_let_go_supervisor_that_the_command_stops_still_finishes(tmp_path: Pat
         pytest.skip(f"the leader did not fill its memory before its deadline: {r.stdout!r}")
     assert (r.exit_code, r.timed_out, r.runner_error) == (124, True, None), r
     assert wait_dead(pids, within=5) == [], "the orphan, the supervisor or the leader stayed"
+
+
+# A member of the group, killed with the run, holds a 1 GiB memfd: a process's last
+# references to its files go at the end of its exit, the memfd's pages (0.15 s here) before
+# the pipes, while no fd table holds the pipes any more.
+_MEMFD_MEMBER = ("import os, time\nfd = os.memfd_create('big')\n"
+                 "os.posix_fallocate(fd, 0, 1 << 30)\nos.write(1, b'ready\\n')\ntime.sleep(60)\n")
+
+
+@pytest.mark.skipif(not _memory_for(1 << 30), reason="needs 2 GiB of memory to spare")
+def test_not_root_a_killed_member_releasing_its_files_is_no_escapee() -> None:
+    """Not root, where some fd tables cannot be read, a pipe that no fd table holds was
+    waited on 50 ms, then called an escape, though the killed member of the group that
+    held it was still releasing its files; it gets the drain's 0.5 s while a member is
+    left."""
+    got = as_nobody(
+        "from boundedproc import run\n"
+        f"r = run(['bash', '-c', '{PY} -c \"$K\" & wait'], timeout=3, kill_grace=0,\n"
+        f"        drain_grace=0, contain=False, env={{'K': {_MEMFD_MEMBER!r}}})\n"
+        "out = {'escaped': r.escaped, 'timed_out': r.timed_out, 'stdout': r.stdout.decode()}\n")
+    if got["stdout"] != "ready\n":
+        pytest.skip(f"the member did not fill its memory before the deadline: {got}")
+    assert (got["escaped"], got["timed_out"]) == (False, True), got
