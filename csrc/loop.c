@@ -239,6 +239,27 @@ static int ours_not_the_runs(long pid)
     return 1;
 }
 
+/* After a let-go (sup.c): whether the process whose parent is ppid descends from the
+ * leader, still in its exit under its supervisor, which kills the leader's descendants
+ * once its death hands them over.  At most 16 generations are walked. */
+static int descends_from_dying_leader(const struct bp_run *run, int ppid)
+{
+    char name[24], state = 0;
+    int up = 0, pgrp = 0;
+    unsigned flags = 0;
+    for (int i = 0; i < 16 && ppid > 1 && ppid != (int)run->pid; i++) {
+        (void)snprintf(name, sizeof name, "%d", ppid);
+        if (bp__proc_stat(name, &state, &up, &pgrp, NULL) < 0)
+            return 0;
+        ppid = up;
+    }
+    if (run->pid <= 0 || ppid != (int)run->pid)
+        return 0;
+    (void)snprintf(name, sizeof name, "%d", (int)run->pid);
+    return bp__proc_stat(name, &state, &up, &pgrp, &flags) == 0 && up == (int)run->sup_pid
+           && bp__proc_exiting(state, flags);
+}
+
 /* Whether pid is one the run's end killed, on its way out: a member of the run's own
  * process group (SIGKILLed with it), or, contained, its supervisor or a child of it (an
  * orphan it adopted and kills), or any process already dying (one the supervisor killed
@@ -255,11 +276,10 @@ static int killed_with_run(const struct bp_run *run, long pid)
         return 0;
     if (run->spec->new_session && run->pid > 0 && pgrp == (int)run->pid)
         return 1;
-    /* the supervisor closing its copies of the pipes, an orphan it kills, or a child of
-     * the leader, which it kills once the leader's death hands it over (after a let-go,
-     * the leader may still be in its exit) */
-    if (run->sup_pid > 0
-            && (pid == run->sup_pid || ppid == run->sup_pid || (run->pid > 0 && ppid == run->pid)))
+    /* the supervisor closing its copies of the pipes, or an orphan it kills */
+    if (run->sup_pid > 0 && (pid == run->sup_pid || ppid == run->sup_pid))
+        return 1;
+    if (run->sup_let_go && descends_from_dying_leader(run, ppid))
         return 1;
     return (ppid == (int)getpid() && ours_not_the_runs(pid)) || bp__proc_dying(name, state, flags);
 }

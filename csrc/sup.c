@@ -1002,34 +1002,26 @@ static int only_waiting(struct bp_run *run)
 /* How long a let-go supervisor may take to finish before it is SIGKILLed. */
 #define LET_GO_CAP_NS 30000000000LL
 
-struct let_go {
-    pid_t pid;
-    int pidfd;  /* -1: none (before Linux 5.3) */
-};
-
 /* A let-go supervisor's watcher: continued whenever the command stopped it (nobody
- * else looks any more), reaped when it exits, SIGKILLed past LET_GO_CAP_NS. */
+ * else looks any more), reaped when it exits, SIGKILLed past LET_GO_CAP_NS.  It
+ * looks every BP_SUP_CHECK_NS and holds no fd (a fork of the caller would inherit
+ * it, with no thread to close it). */
 static void *watch_let_go(void *p)
 {
-    struct let_go w = *(struct let_go *)p;
-    free(p);
+    pid_t pid = (pid_t)(intptr_t)p;
     int64_t until = bp__now_ns() + LET_GO_CAP_NS;
     int status = 0;
-    while (try_reap(w.pid, &status) == 0) {
+    while (try_reap(pid, &status) == 0) {
         if (bp__now_ns() > until) {
-            (void)kill(w.pid, SIGKILL);
-            while (waitpid(w.pid, &status, 0) < 0 && errno == EINTR)
+            (void)kill(pid, SIGKILL);
+            while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
                 ;
             break;
         }
-        revive(w.pid);
-        if (w.pidfd < 0 || wait_readable(w.pidfd, (int)(BP_SUP_CHECK_NS / 1000000)) < 0) {
-            struct timespec ts = {0, BP_SUP_CHECK_NS};
-            nanosleep(&ts, NULL);
-        }
+        revive(pid);
+        struct timespec ts = {0, BP_SUP_CHECK_NS};
+        nanosleep(&ts, NULL);
     }
-    if (w.pidfd >= 0)
-        (void)close(w.pidfd);
     return NULL;
 }
 
@@ -1041,18 +1033,10 @@ static void *watch_let_go(void *p)
 static int let_sup_go(struct bp_run *run)
 {
     struct bp_sup *sup = run->sup;
-    struct let_go *w = malloc(sizeof *w);
-    if (w == NULL)
-        return 0;
-    w->pid = sup->pid;
-    w->pidfd = sup->pidfd;
     pthread_t thread;
-    if (bp__quiet_thread(&thread, 64 * 1024, 1, watch_let_go, w) != 0) {
-        free(w);
+    if (bp__quiet_thread(&thread, 64 * 1024, 1, watch_let_go, (void *)(intptr_t)sup->pid) != 0)
         return 0;
-    }
-    sup->pidfd = -1;  /* the watcher's now */
-    sup->pid = 0;     /* not ours to signal or wait for any more */
+    sup->pid = 0;  /* the watcher's now: not ours to signal or wait for any more */
     kill_group(run, SIGKILL);
     sup->broken = 1;
     bp__close_fd(&sup->sock);

@@ -595,6 +595,10 @@ import os, sys, time
 if os.fork() == 0:
     os.setsid()
     os.write(1, b"%d\\n" % os.getpid())
+    if sys.argv[1:] == ["grandchild"] and os.fork() == 0:
+        os.write(1, b"%d\\n" % os.getpid())  # it keeps the pipes
+        time.sleep(60)
+        os._exit(0)
     fd = os.open(os.devnull, os.O_RDWR)
     for n in (0, 1, 2):
         os.dup2(fd, n)
@@ -637,21 +641,24 @@ def _memory_for(size: int) -> bool:
 
 @needs_contain
 @pytest.mark.skipif(not _memory_for(4 << 30), reason="needs 8 GiB of memory to spare")
-def test_a_leader_slow_to_free_its_memory_ends_at_its_deadline(reaper: list[int]) -> None:
+@pytest.mark.parametrize("holder", ["none", "grandchild"])
+def test_a_leader_slow_to_free_its_memory_ends_at_its_deadline(reaper: list[int],
+                                                               holder: str) -> None:
     """Killed at its deadline, the leader took the kernel longer to free its memory than
     the kill's budget gave the supervisor, which was waiting for that death; given up as
     unanswering, the run said `runner failed` (a grader's unrunnable, not a timeout) and
     the supervisor was killed, so the orphan it would have killed lived on.  A supervisor
-    only waiting is now let finish on its own."""
+    only waiting is now let finish on its own; the pipes it and the leader's descendants
+    hold until the leader is gone (a grandchild here) are no escape."""
     assert run(["true"]).ok
     (sup,) = _native.supervisor_pids()[-1:]  # this thread's, which serves the next run
-    r = run([PY, "-c", _BIG_LEADER], timeout=3, kill_grace=0, drain_grace=0)
+    r = run([PY, "-c", _BIG_LEADER, holder], timeout=3, kill_grace=0, drain_grace=0)
     orphans = pids_in(r.stdout)
     reaper.extend(orphans)
     if b"ready" not in r.stdout:
         pytest.skip(f"the leader did not fill its memory before its deadline: {r.stdout!r}")
     assert (r.exit_code, r.timed_out, r.runner_error) == (124, True, None), r
-    assert len(orphans) == 1 and not r.escaped, r
+    assert len(orphans) == (2 if holder == "grandchild" else 1) and not r.escaped, r
     assert wait_dead(orphans) == [], "the leader's orphan outlived the run"
     assert wait_dead([sup]) == [], "the supervisor let go stays behind"
     assert run(["true"]).ok  # a fresh supervisor serves the next run
