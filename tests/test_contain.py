@@ -586,6 +586,18 @@ def test_uncontained_a_leader_held_by_a_tracer_is_let_go_within_the_bound(
     assert "traced" in r.runner_error, r.runner_error
 
 
+# The leader's own part: a 4 GiB memfd, filled, held until the kill.
+_FILL_4_GIB = """
+time.sleep(0.1)
+fd = os.memfd_create("big")
+try:
+    os.posix_fallocate(fd, 0, 4 << 30)
+except OSError:
+    os.write(1, b"no memory\\n")
+    sys.exit(3)
+os.write(1, b"ready\\n")
+time.sleep(60)
+"""
 # A leader whose death takes the kernel long: it holds the only reference to a 4 GiB
 # memfd, whose pages its exit frees (0.6 s here) before the exit shows.  Its child left
 # the session first and let go of the pipes: an orphan the supervisor kills once the
@@ -604,16 +616,7 @@ if os.fork() == 0:
         os.dup2(fd, n)
     time.sleep(60)
     os._exit(0)
-time.sleep(0.1)
-fd = os.memfd_create("big")
-try:
-    os.posix_fallocate(fd, 0, 4 << 30)
-except OSError:
-    os.write(1, b"no memory\\n")
-    sys.exit(3)
-os.write(1, b"ready\\n")
-time.sleep(60)
-"""
+""" + _FILL_4_GIB
 
 
 def _memory_for(size: int) -> bool:
@@ -690,15 +693,7 @@ if os.fork() == 0:
     os.kill(sup, 19)
     time.sleep(60)
     os._exit(0)
-time.sleep(0.1)
-fd = os.memfd_create("big")
-try:
-    os.posix_fallocate(fd, 0, 4 << 30)
-except OSError:
-    sys.exit(3)
-os.write(1, b"ready\\n")
-time.sleep(60)
-"""
+""" + _FILL_4_GIB
 
 
 @needs_contain
