@@ -179,6 +179,7 @@ int bp__sup_usable(const struct bp_sup *sup, int what);
 #ifdef __linux__
 int bp__proc_stat(const char *name, char *state, int *ppid, int *pgrp, unsigned *flags);
 int bp__proc_exiting(char state, unsigned flags);
+int bp__proc_exiting_child(pid_t pid, pid_t parent);
 int bp__proc_dying(const char *name, char state, unsigned flags);
 ssize_t bp__read_small(const char *path, char *buf, size_t size);
 #endif
@@ -202,7 +203,6 @@ void bp__close_fd(int *fd);
 void bp__signal_group(struct bp_run *run, int sig);
 void bp__record_unknown_status(struct bp_result *res);
 void bp__let_go(struct bp_run *run);
-void bp__reap_later(pid_t pid);
 int bp__reap(struct bp_run *run);
 int bp__has_leader(const struct bp_run *run);
 void bp__finish_result(struct bp_run *run);

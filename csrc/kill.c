@@ -129,7 +129,8 @@ int bp__pidfd_exit_status(int pidfd, pid_t pid, int *status)
 #endif
 }
 
-static void *reap_when_it_may(void *p)
+/* A leader let go: reaped whenever it may be, by a thread of its own. */
+static void *reap_later(void *p)
 {
     pid_t pid = (pid_t)(intptr_t)p;
     while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
@@ -137,26 +138,19 @@ static void *reap_when_it_may(void *p)
     return NULL;
 }
 
-/* bp__reap_later: a child of ours let go (a leader, a supervisor), reaped whenever it
- * may be, by a detached thread of its own: its pid stays ours till then, and without
- * the thread it would be a zombie until this process exits. */
-void bp__reap_later(pid_t pid)
-{
-    pthread_t thread;
-    (void)bp__quiet_thread(&thread, 64 * 1024, 1, reap_when_it_may, (void *)(intptr_t)pid);
-}
-
 /*
  * Uncontained: let the leader go, with the reason already in err_stage/errno:
- * counted unkilled (escaped), its status unknown (a kill's), and reaped later
- * (bp__reap_later).
+ * counted unkilled (escaped), its status unknown (a kill's), and reaped by a
+ * detached thread whenever that can be (it is our child: its pid stays ours
+ * till then; without the thread, a zombie until this process exits).
  */
 void bp__let_go(struct bp_run *run)
 {
     struct bp_result *res = run->res;
     res->unkilled++;
     bp__record_unknown_status(res);
-    bp__reap_later(run->pid);
+    pthread_t thread;
+    (void)bp__quiet_thread(&thread, 64 * 1024, 1, reap_later, (void *)(intptr_t)run->pid);
     run->reaped = 1;  /* not ours to signal or wait for any more */
     bp__close_fd(&run->exit_fd);
 }

@@ -246,18 +246,13 @@ static int descends_from_dying_leader(const struct bp_run *run, int ppid)
 {
     char name[24], state = 0;
     int up = 0, pgrp = 0;
-    unsigned flags = 0;
     for (int i = 0; i < 16 && ppid > 1 && ppid != (int)run->pid; i++) {
         (void)snprintf(name, sizeof name, "%d", ppid);
         if (bp__proc_stat(name, &state, &up, &pgrp, NULL) < 0)
             return 0;
         ppid = up;
     }
-    if (run->pid <= 0 || ppid != (int)run->pid)
-        return 0;
-    (void)snprintf(name, sizeof name, "%d", (int)run->pid);
-    return bp__proc_stat(name, &state, &up, &pgrp, &flags) == 0 && up == (int)run->sup_pid
-           && bp__proc_exiting(state, flags);
+    return ppid == (int)run->pid && bp__proc_exiting_child(run->pid, run->sup_pid);
 }
 
 /* Whether pid is one the run's end killed, on its way out: a member of the run's own

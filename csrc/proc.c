@@ -78,6 +78,20 @@ int bp__proc_exiting(char state, unsigned flags)
     return state == 'Z' || state == 'X' || state == 'x' || (flags & BP_PF_EXITING) != 0;
 }
 
+/* bp__proc_exiting_child: whether process pid is still parent's child and exiting
+ * (bp__proc_exiting): a contained run's leader that its supervisor has yet to reap. */
+int bp__proc_exiting_child(pid_t pid, pid_t parent)
+{
+    char name[24], state = 0;
+    int ppid = 0, pgrp = 0;
+    unsigned flags = 0;
+    if (pid <= 0 || parent <= 0)
+        return 0;
+    (void)snprintf(name, sizeof name, "%d", (int)pid);
+    return bp__proc_stat(name, &state, &ppid, &pgrp, &flags) == 0 && ppid == (int)parent
+           && bp__proc_exiting(state, flags);
+}
+
 /* bp__proc_dying: whether process NAME, whose stat state and flags were just read
  * (bp__proc_stat), is on its way out: exiting (bp__proc_exiting), or with a SIGKILL
  * pending that it has not yet been scheduled to act on. */

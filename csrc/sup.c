@@ -984,15 +984,10 @@ static void record_lost_status(struct bp_run *run)
  */
 static int only_waiting(struct bp_run *run)
 {
-    pid_t pid = leader_pid(run), sup_pid = run->sup->pid;
+    pid_t sup_pid = run->sup->pid;
     char name[24], state = 0;
     int ppid = 0, pgrp = 0;
-    unsigned flags = 0;
-    if (pid <= 0 || sup_pid <= 0)
-        return 0;
-    (void)snprintf(name, sizeof name, "%d", (int)pid);
-    if (bp__proc_stat(name, &state, &ppid, &pgrp, &flags) < 0 || ppid != (int)sup_pid
-            || !bp__proc_exiting(state, flags))
+    if (!bp__proc_exiting_child(leader_pid(run), sup_pid))
         return 0;
     (void)snprintf(name, sizeof name, "%d", (int)sup_pid);
     return bp__proc_stat(name, &state, &ppid, &pgrp, NULL) == 0
