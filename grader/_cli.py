@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import errno
 import importlib
 import json
 import os
@@ -791,12 +792,14 @@ def _parser() -> argparse.ArgumentParser:
             "installed and the working directory at the same path."
         ),
     )
-    parser.add_argument("claims", metavar="CLAIMS.jsonl", help="the claims file to grade")
+    parser.add_argument("claims", metavar="CLAIMS.jsonl",
+                        help="the claims file to grade; - reads the claims from stdin")
     parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     parser.add_argument(
         "--cwd",
         metavar="DIR",
-        help="working directory of the checks (default: the directory containing CLAIMS.jsonl)",
+        help="working directory of the checks (default: the directory containing CLAIMS.jsonl; "
+        "with -, the current directory)",
     )
     parser.add_argument(
         "--timeout",
@@ -1016,6 +1019,14 @@ def _stop_writing(out: IO[str]) -> None:
             pass
 
 
+def _stdin_bytes() -> bytes:
+    """All of stdin, for the claims file ``-`` (OSError when there is no stdin to read)."""
+    stream = getattr(sys.stdin, "buffer", None)  # None: fd 0 was closed at our start
+    if stream is None:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+    return stream.read()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; an exception it did not expect (a bug, or a core that cannot
     be loaded) prints its traceback and returns 3, never Python's default 1, which would
@@ -1063,13 +1074,15 @@ def _main(argv: Sequence[str] | None = None) -> int:
         parser.error("--verbose streams the output of checks run here: it cannot go with "
                      "--executor dask://")
     address: str | None = args.executor
+    from_stdin = args.claims == "-"  # as most tools: a file named "-" is ./-
     claims_path = Path(args.claims)
     try:
-        lines = _lines(claims_path.read_bytes())
+        lines = _lines(_stdin_bytes() if from_stdin else claims_path.read_bytes())
     except OSError as exc:
         print(f"grader: cannot read {args.claims}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    cwd = Path(args.cwd) if args.cwd is not None else claims_path.resolve().parent
+    cwd = (Path(args.cwd) if args.cwd is not None
+           else Path.cwd() if from_stdin else claims_path.resolve().parent)
     # On a cluster the directory is the workers' and need not exist on this machine.
     if address is None and not args.tmpdir and not cwd.is_dir():
         print(f"grader: --cwd {cwd} is not a directory", file=sys.stderr)

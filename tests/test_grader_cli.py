@@ -365,6 +365,28 @@ def test_unreadable_file_or_cwd_exits_two(tmp_path: Path, fake: FakeVerify, caps
     assert fake.calls == []
 
 
+def test_claims_from_stdin_run_in_the_current_directory(tmp_path: Path) -> None:
+    """`python -m grader -` reads the claims from stdin; the checks run in the current
+    directory (there is no claims file to take one from), and a closed stdin exits 2."""
+    (tmp_path / "results.txt").write_text("PARETO\n" * 6)
+    line = json.dumps(claim("a", check="grep -c PARETO results.txt", expect="6"))
+    p = subprocess.run(python_module_argv("grader", "-"), input=f"{line}\n".encode(),
+                       capture_output=True, cwd=tmp_path, env=importable_env(), timeout=120,
+                       check=False)
+    assert p.returncode == 0, p.stderr
+    (grade,) = output_lines(p.stdout.decode())
+    assert grade["id"] == "a" and grade["verdict"] == "verified", grade
+    p = subprocess.run(python_module_argv("grader", "-"), stdin=subprocess.DEVNULL,
+                       capture_output=True, cwd=tmp_path, env=importable_env(), timeout=120,
+                       check=False)
+    assert p.returncode == 0 and p.stdout == b"", p.stderr  # no claims: none contradicted
+    closed = [sys.executable, "-c", "import os, sys; os.close(0); "
+              "os.execv(sys.argv[1], sys.argv[1:])", *python_module_argv("grader", "-")]
+    p = subprocess.run(closed, capture_output=True, cwd=tmp_path, env=importable_env(),
+                       timeout=120, check=False)
+    assert p.returncode == 2 and b"cannot read -" in p.stderr, p.stderr
+
+
 def test_help_documents_the_defaults(capsys: Any) -> None:
     """--help names the default working directory, the output keys and the exit statuses."""
     with pytest.raises(SystemExit) as info:
