@@ -426,6 +426,10 @@ class NativeSpec:
     uid: int = -1  # setresuid before exec; -1: unchanged
     gid: int = -1
     groups: Sequence[int] | None = None  # setgroups before exec; None: unchanged
+    # Bit s-1 for signal s: ignored in the child, and its mask at exec. run() gives 0 and 0
+    # (SPEC 2.2); boundedproc-timeout passes on what it inherited, as coreutils' does.
+    sig_ignore: int = 0
+    sig_mask: int = 0
 
     PER_RUN: ClassVar[int] = 4  # argv, exec_paths, envp, cancel_fd2
 
@@ -644,7 +648,7 @@ def _take(run: object, stream: int, length: int) -> bytes:
 _PLAIN_FIELDS = ("timeout_ns", "max_output", "overflow_kill", "merge_stderr", "cancel_fd",
                  "cancel_fd2", "kill_grace_ns", "drain_grace_ns", "exit_watch", "contain",
                  "uid", "gid", "stdin_fd", "stdout_fd", "stderr_fd", "first_signal",
-                 "new_session", "keep")
+                 "new_session", "keep", "sig_ignore", "sig_mask")
 _plain_values = operator.attrgetter(*_PLAIN_FIELDS)
 _SPEC_SIZE = ffi.sizeof("struct bp_spec")
 _scalar_structs: dict[tuple[object, ...], bytes] = {}

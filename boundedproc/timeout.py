@@ -16,6 +16,10 @@ in the main thread, as coreutils handles them: a real ``SIGALRM`` from
 ``first_signal``/``kill_grace`` cannot say "send nothing" (``-s 0``), send
 ``SIGCONT`` after the signal, print before it, or start ``-k``'s clock at a
 forwarded signal; see the README section "As a timeout(1) replacement".
+COMMAND starts with the signal mask and the ignored signals this process
+inherited, as coreutils' does, but for the signals coreutils catches (at their
+default) and SIGPIPE/SIGXFSZ, which Python ignores before any code of ours can
+see what was inherited (at their default, as from ``subprocess``).
 """
 
 from __future__ import annotations
@@ -608,6 +612,37 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, sign
 # Never caught here, whatever -s names: job control, and the uncatchable.
 _NOT_CAUGHT = {0, signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGTSTP,
                signal.SIGCONT, signal.SIGTTIN, signal.SIGTTOU}
+# What coreutils' timeout catches (ALRM, INT, QUIT, HUP, TERM, and -s's signal), waits with
+# (CHLD) or sets back to default before its exec (TTIN, TTOU): COMMAND has them at their
+# default whatever was inherited (exec keeps only SIG_IGN).
+_COREUTILS_CAUGHT = (signal.SIGALRM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP,
+                     signal.SIGTERM, signal.SIGCHLD, signal.SIGTTIN, signal.SIGTTOU)
+# Python ignores these itself at its start, so what this process inherited for them is not
+# known here: COMMAND gets them at their default, as from Python's subprocess.
+_PYTHON_IGNORES = frozenset(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ")
+                            if hasattr(signal, name))
+
+
+def _inherited_signals() -> tuple[int, int]:
+    """The signals this process found ignored and its signal mask, each as bits (s-1 for
+    signal s), read before anything here changes them; coreutils passes both on to
+    COMMAND (its child restores the mask it started with; exec keeps SIG_IGN)."""
+    ignored = 0
+    for sig in signal.valid_signals():
+        if sig in _PYTHON_IGNORES or not 0 < sig <= 64:
+            continue
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                ignored |= 1 << (sig - 1)
+        except (OSError, ValueError):  # pragma: no cover - a signal Python cannot ask of
+            continue
+    blocked = 0
+    for masked in signal.pthread_sigmask(signal.SIG_BLOCK, ()):
+        if 0 < masked <= 64:
+            blocked |= 1 << (masked - 1)
+    return ignored, blocked
+
+
 _RETRY = 0.001  # a signal that came while the command was being started: again after 1 ms
 _TSTP_GRACE = 0.05  # seconds between the SIGTSTP and the SIGSTOP of a Ctrl-Z (on_stop)
 _MAX_ALARM = float(2**31)  # setitimer's reach, about 68 years; a longer wait is re-armed
@@ -617,8 +652,16 @@ class _Timeout:
     """One run of COMMAND under coreutils ``timeout``'s rules."""
 
     def __init__(self, args: Args, prog: str, utf8: bool, closed_fds: Sequence[int],
-                 child_env: Mapping[str, str | None] | None) -> None:
+                 child_env: Mapping[str, str | None] | None,
+                 inherited: tuple[int, int] = (0, 0)) -> None:
         self.args = args
+        # COMMAND's ignored signals and mask (bit s-1 for signal s), as coreutils leaves
+        # them: what we inherited, but the signals coreutils catches back at their default.
+        ignored, self.sig_mask = inherited
+        for sig in (*_COREUTILS_CAUGHT, args.signal):
+            if 0 < sig <= 64:
+                ignored &= ~(1 << (sig - 1))
+        self.sig_ignore = ignored
         self.prog = prog
         self.utf8 = utf8
         self.closed_fds = closed_fds
@@ -798,6 +841,9 @@ class _Timeout:
         # leader exits, what is left of the run is killed at once.
         options = dataclasses.replace(options, new_session=not self.args.foreground)
         prepared = prepare(command, False, options)
+        if prepared.spec is not None and (self.sig_ignore or self.sig_mask):
+            prepared = dataclasses.replace(prepared, spec=dataclasses.replace(
+                prepared.spec, sig_ignore=self.sig_ignore, sig_mask=self.sig_mask))
         if prepared.spec is not None and self.closed_fds:
             # Our closed fds 0-2 hold placeholders (so that no fd of ours lands
             # there); COMMAND gets them closed, as they were given to us.
@@ -969,6 +1015,7 @@ def _names() -> tuple[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``boundedproc-timeout``; returns the exit status (or ends by a signal)."""
+    inherited = _inherited_signals()
     closed = _reserve_closed_stdio()
     prog, hint = _names()
     initial = _initial_environ()
@@ -992,7 +1039,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if initial is not None and os.environ.get("LC_CTYPE") != initial.get("LC_CTYPE"):
         child_env = {"LC_CTYPE": initial.get("LC_CTYPE")}  # undo Python's coercion
     try:
-        return _Timeout(args, prog, utf8, closed, child_env).run()
+        return _Timeout(args, prog, utf8, closed, child_env, inherited).run()
     except KeyboardInterrupt:  # a Ctrl-C before the handlers were in place
         _die_by(signal.SIGINT)
         return 128 + signal.SIGINT

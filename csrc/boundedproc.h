@@ -143,6 +143,11 @@ struct bp_spec {
     int64_t gid;                  /* setresgid before exec; < 0: unchanged */
     const uint32_t *groups;       /* setgroups before exec ... */
     int ngroups;                  /* ... of this many; < 0: unchanged */
+    uint64_t sig_ignore;          /* bit s-1: signal s is ignored in the child (SIG_IGN kept
+                                     across exec); 0: every disposition at its default */
+    uint64_t sig_mask;            /* bit s-1: signal s is blocked in the child at its exec;
+                                     0: the mask empty (boundedproc-timeout passes on what
+                                     it inherited, as coreutils' timeout does) */
 };
 
 struct bp_result {

@@ -151,10 +151,14 @@ static inline long bpc_default_action(int sig)
     struct bp_k_sigaction dfl = {(unsigned long)SIG_DFL, 0, 0, 0};
     return BP_SYS4(SYS_rt_sigaction, sig, &dfl, 0, sizeof dfl.mask);
 }
-static inline long bpc_unblock_all(void)
+static inline long bpc_ignore(int sig)
 {
-    uint64_t none = 0;
-    return BP_SYS4(SYS_rt_sigprocmask, SIG_SETMASK, &none, 0, sizeof none);
+    struct bp_k_sigaction ign = {(unsigned long)SIG_IGN, 0, 0, 0};
+    return BP_SYS4(SYS_rt_sigaction, sig, &ign, 0, sizeof ign.mask);
+}
+static inline long bpc_set_mask(uint64_t mask)  /* bit s-1: signal s */
+{
+    return BP_SYS4(SYS_rt_sigprocmask, SIG_SETMASK, &mask, 0, sizeof mask);
 }
 static inline long bpc_getrlimit(int resource, struct bp_k_rlimit *rl)
 {
@@ -190,11 +194,22 @@ static inline long bpc_default_action(int sig)
     dfl.sa_handler = SIG_DFL;
     return bpc_ret(sigaction(sig, &dfl, NULL));
 }
-static inline long bpc_unblock_all(void)
+static inline long bpc_ignore(int sig)
 {
-    sigset_t none;
-    sigemptyset(&none);
-    return bpc_ret(sigprocmask(SIG_SETMASK, &none, NULL));
+    struct sigaction ign;
+    memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    return bpc_ret(sigaction(sig, &ign, NULL));
+}
+static inline long bpc_set_mask(uint64_t mask)  /* bit s-1: signal s */
+{
+    sigset_t set;
+    sigemptyset(&set);
+    for (int sig = 1; sig < NSIG && sig <= 64; sig++) {
+        if ((mask >> (sig - 1)) & 1)
+            (void)sigaddset(&set, sig);
+    }
+    return bpc_ret(sigprocmask(SIG_SETMASK, &set, NULL));
 }
 static inline long bpc_getrlimit(int resource, struct bp_k_rlimit *rl)
 {
@@ -250,6 +265,8 @@ struct bp_child_args {
     volatile int32_t *leader_slot;  /* not NULL: our pid is written there before exec (memory
                                      * the supervisor shares with the core) */
     int hello_fd;                   /* >= 0 (and no slot): send BP_MSG_LEADER there instead */
+    uint64_t sig_ignore;            /* bit s-1: signal s ignored (after the reset) */
+    uint64_t sig_mask;              /* bit s-1: signal s blocked at exec (else none) */
 };
 
 __attribute__((noreturn)) static inline void bp_child_fail(const struct bp_child_args *a,
@@ -363,10 +380,11 @@ static inline void bp_child_cloexec_rest(void)
  * The pre-exec steps, in order: die with the parent; every disposition back
  * to its default (Python ignores SIGPIPE, and a check must not inherit that,
  * nor an ignored SIGCHLD; a clean parent has nothing to reset, and skips the
- * 62 system calls); a new session; stdio; every other fd closed on exec;
- * limits; cwd; groups, gid, uid; the signal mask emptied (the parent blocked
- * every signal around the clone, so no handler ran in the shared address
- * space); exec.  Never returns.
+ * 62 system calls), then SIG_IGN for those in sig_ignore; a new session;
+ * stdio; every other fd closed on exec; limits; cwd; groups, gid, uid; the
+ * signal mask set to sig_mask, empty unless asked (the parent blocked every
+ * signal around the clone, so no handler ran in the shared address space);
+ * exec.  Never returns.
  */
 __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child_args *a)
 {
@@ -382,6 +400,11 @@ __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child
             if (sig != SIGKILL && sig != SIGSTOP)
                 (void)bpc_default_action(sig);
         }
+    }
+    /* What the caller asks to keep ignored (boundedproc-timeout: what it inherited). */
+    for (int sig = 1; a->sig_ignore != 0 && sig < NSIG && sig <= 64; sig++) {
+        if (((a->sig_ignore >> (sig - 1)) & 1) && sig != SIGKILL && sig != SIGSTOP)
+            (void)bpc_ignore(sig);
     }
     if (a->new_session && (r = bpc_setsid()) < 0)
         bp_child_fail(a, BP_STAGE_SETSID, r);
@@ -431,7 +454,7 @@ __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child
     }
 #endif
 
-    (void)bpc_unblock_all();
+    (void)bpc_set_mask(a->sig_mask);  /* empty, unless the caller passes on its own */
     if (a->leader_slot != NULL) {
         /* The core learns the leader's pid even if the supervisor dies
          * between our exec and its own report, and without a wakeup. */

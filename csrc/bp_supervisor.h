@@ -118,6 +118,8 @@ struct bp_sup_cmd {
                                the run itself if no KILL came (the core's deadline plus
                                kill_grace plus a margin: a caller stopped or blocked
                                cannot keep its command past its bound); 0: never */
+    uint64_t sig_ignore;    /* bp_spec's: ignored in the leader, and its mask at exec */
+    uint64_t sig_mask;
 };
 
 struct bp_sup_msg {

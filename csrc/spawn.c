@@ -407,6 +407,8 @@ static pid_t start_here(struct bp_run *run, const int child[3], int *stage, int 
     a.gid = spec->gid;
     a.groups = spec->groups;
     a.ngroups = spec->ngroups;
+    a.sig_ignore = spec->sig_ignore;
+    a.sig_mask = spec->sig_mask;
     a.parent = getpid();
     a.hello_fd = -1;
     void *stack = NULL;

@@ -732,6 +732,8 @@ int bp__sup_spawn(struct bp_run *run, const int child[3], int *stage, int *err)
     cmd.pgid = spec->new_session ? 0 : (int32_t)getpgrp();  /* ours, not the supervisor's */
     cmd.uid = spec->uid;
     cmd.gid = spec->gid;
+    cmd.sig_ignore = spec->sig_ignore;
+    cmd.sig_mask = spec->sig_mask;
     /* The deadline held by the supervisor too, BP_BACKSTOP_NS after ours would kill:
      * reached only when this caller did not act (stopped by Ctrl-Z or SIGSTOP, or
      * held in an on_output that blocks), so the command never outlives its bound

@@ -826,6 +826,8 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
     a->report = &s->report;
     a->clean_parent = 1;  /* main(): every disposition default, every signal blocked */
     a->new_session = cmd->new_session;
+    a->sig_ignore = cmd->sig_ignore;
+    a->sig_mask = cmd->sig_mask;
     a->pgid = (pid_t)cmd->pgid;
     a->rlimits_soft = cmd->rlimits_soft;  /* serve()'s caller keeps cmd for the run */
     a->rlimits_hard = cmd->rlimits_hard;

@@ -570,15 +570,55 @@ def test_a_trapped_signal_decides_the_status(sig: signal.Signals, trap: str, sta
 
 
 def test_blocked_signals_change_nothing(started: Callable[..., Started]) -> None:
-    """Signals blocked by our parent (TERM, ALRM, CHLD) are still received, timed and sent on."""
+    """Signals blocked by our parent (TERM, ALRM, CHLD) are still received, timed and sent on.
+    COMMAND inherits the mask, as coreutils' does: the deadline sends HUP, which it does not
+    block, and the TERM sent on reaches a command that unblocks it."""
     block = exec_after("signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, "
                        "signal.SIGALRM, signal.SIGCHLD, signal.SIGINT})")
-    run = started("0.3", "sleep", "30", prefix=block)
+    run = started("-s", "HUP", "0.3", "sleep", "30", prefix=block)
     assert run.finish()[0] == 124
-    run = started("30", "sh", "-c", "echo ready; exec sleep 30", prefix=block)
+    unblocking = ("import signal, time\nsignal.pthread_sigmask(signal.SIG_UNBLOCK, "
+                  "{signal.SIGTERM})\nprint('ready', flush=True)\ntime.sleep(30)")
+    run = started("30", PY, "-c", unblocking, prefix=block)
     assert run.line() == b"ready"
     run.signal(signal.SIGTERM)
     assert run.finish()[0] == -signal.SIGTERM
+
+
+def _status_bits(status: bytes, field: bytes) -> int:
+    (line,) = [x for x in status.splitlines() if x.startswith(field + b":")]
+    return int(line.split()[1], 16)
+
+
+def _bits(*sigs: int) -> int:
+    return sum(1 << (s - 1) for s in sigs)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+@pytest.mark.parametrize("contain", [True, False], ids=["contained", "no-contain"])
+@pytest.mark.parametrize("term", [None, "USR2"])
+def test_the_inherited_mask_and_ignored_signals_reach_the_command(contain: bool,
+                                                                  term: str | None) -> None:
+    """As coreutils' COMMAND: the signal mask we inherited, and the signals we found ignored
+    but those coreutils catches (HUP here, and -s's signal), which are at their default.
+    PIPE and XFSZ, which Python ignores at its start, are at their default (README)."""
+    block = {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT}
+    ignore = {signal.SIGUSR2, signal.SIGHUP, signal.SIGWINCH}
+    prefix = exec_after(f"signal.pthread_sigmask(signal.SIG_BLOCK, {sorted(map(int, block))})\n"
+                        f"for s in {sorted(map(int, ignore))}: signal.signal(s, signal.SIG_IGN)")
+    args = [*([] if contain else ["--no-contain"]), *(["-s", term] if term else []), "5",
+            "cat", "/proc/self/status"]
+    p = tcli(*args, prefix=prefix)
+    assert p.returncode == 0, p.stderr
+    assert _status_bits(p.stdout, b"SigBlk") == _bits(*block)
+    kept = ignore - {signal.SIGHUP} - ({signal.SIGUSR2} if term else set())
+    assert _status_bits(p.stdout, b"SigIgn") == _bits(*kept)
+    if GNU is not None:
+        theirs = subprocess.run([*prefix, GNU, *args[1 - contain:]], capture_output=True,
+                                timeout=60, env=env_c(), check=False)
+        python_ignores = _bits(signal.SIGPIPE, signal.SIGXFSZ)
+        assert _status_bits(theirs.stdout, b"SigBlk") == _bits(*block)
+        assert _status_bits(theirs.stdout, b"SigIgn") & ~python_ignores == _bits(*kept)
 
 
 @pytest.mark.parametrize("args, status", [
