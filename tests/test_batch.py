@@ -100,7 +100,8 @@ def test_catalog_200_runs_reuse_supervisors_and_leave_nothing(jobs: int) -> None
         if alive(pids[1]):
             # What the result said of it, and whether it was only slow to die.
             errors.append(f"{r.args}: escapee {pids[1]} alive after its run (escaped="
-                          f"{r.escaped}, runner_error={r.runner_error!r}); "
+                          f"{r.escaped}, runner_error={r.runner_error!r}, duration="
+                          f"{r.duration:.3f}); "
                           f"{'dead' if wait_dead([pids[1]], 1.0) == [] else 'alive'} 1 s later")
     assert errors == []
     assert 1 <= len(sups) <= jobs
