@@ -1096,6 +1096,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
     claims, errors = parse_claims(lines)
     for error in errors:
         print(error, file=sys.stderr)
+    if not claims and not errors:
+        # Exit 0 still (nothing contradicted), but an empty file is more often a mistake
+        # (a wrong path, a generator that wrote nothing) than a claim set: say so.
+        print(f"grader: no claims in {args.claims}", file=sys.stderr)
 
     with ExitStack() as stack:
         executor: Executor | None = None

@@ -380,6 +380,7 @@ def test_claims_from_stdin_run_in_the_current_directory(tmp_path: Path) -> None:
                        capture_output=True, cwd=tmp_path, env=importable_env(), timeout=120,
                        check=False)
     assert p.returncode == 0 and p.stdout == b"", p.stderr  # no claims: none contradicted
+    assert b"grader: no claims in -" in p.stderr
     close_0 = "import os, sys; os.close(0); os.execv(sys.argv[1], sys.argv[1:])"
     closed = [sys.executable, "-c", close_0, *python_module_argv("grader", "-")]
     p = subprocess.run(closed, capture_output=True, cwd=tmp_path, env=importable_env(),
