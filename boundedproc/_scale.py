@@ -972,8 +972,10 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
     """
     window = batch.window  # the batch is sized for it
     # One switch for every run of this call, set on early close (by batch.close(), so
-    # that a raise in the cleanup before it cannot leave the runs going); None without fds
-    # for it (EMFILE): the runs go on, and an early close then waits for those in flight.
+    # that a raise in the cleanup before it cannot leave the runs going).  None while the
+    # process has no fds for it (EMFILE): asked for again before each command, which is
+    # refused (a spawn failure) until it exists, so that no run goes that an early close
+    # or a Ctrl-C could not end.
     switch = batch.switch = switch_or_none()
     pending: deque[_BatchSlot | _Raise] = deque()
     running: dict[int, _BatchSlot] = {}
@@ -1001,12 +1003,14 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
         return got
 
     def fill() -> None:
-        nonlocal more, rest
+        nonlocal more, rest, switch
         while more and len(pending) < window:
             item = _draw(source, pending)
             if item is _STOP:
                 more = False
                 return
+            if switch is None:
+                switch = batch.switch = switch_or_none()
             try:
                 if isinstance(item, Job):
                     cmd, opts = _per_command(item, options)
@@ -1023,7 +1027,9 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
                 more = False
                 return
             pending.append(slot)
-            if slot.result is None and slot.prepared.spec is not None:
+            if switch is None and slot.result is None and slot.prepared.spec is not None:
+                slot.refused(errno.EMFILE, "the run_many cancel switch")
+            elif slot.result is None and slot.prepared.spec is not None:
                 tag = next(tags)  # started at once: the source may be slow to give the next
                 try:
                     batch.submit(tag, slot.prepared.spec)
@@ -1102,8 +1108,9 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
     # No more workers than RLIMIT_NOFILE leaves room for: each thread holds a supervisor,
     # and past that room the supervisors would leave no fd for any run (batch.c).
     jobs = _native.lib.bp_jobs_within_fd_limit(jobs)
-    # One switch for every run of this call, set on early close; None without fds for it
-    # (EMFILE): the runs go on, and an early close then waits for those in flight.
+    # One switch for every run of this call, set on early close; None while the process
+    # has no fds for it (EMFILE): asked for again before each command, which is refused
+    # until it exists (as in _many_batch).
     switch = switch_or_none()
     tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
     fds = _FdShare()
@@ -1113,12 +1120,14 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
     more = True
 
     def fill() -> None:
-        nonlocal more
+        nonlocal more, switch
         while more and len(pending) < window:
             cmd = _draw(source, pending)
             if cmd is _STOP:
                 more = False
                 return
+            if switch is None:
+                switch = crew.switch = switch_or_none()
             try:
                 job = isinstance(cmd, Job)
                 cmd, opts = _per_command(cmd, options)
@@ -1135,6 +1144,9 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
                 return
             slot = _Slot()
             pending.append(slot)
+            if switch is None:  # no worker starts without it: every one watches it
+                slot.refused(cmd, opts, errno.EMFILE, "the run_many cancel switch")
+                continue
             if len(workers) < jobs:
                 worker = threading.Thread(target=_work, args=(tasks, switch, fds), daemon=True,
                                           name=f"boundedproc-many-{len(workers)}")

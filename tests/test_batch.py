@@ -646,6 +646,47 @@ def test_a_run_cancelled_while_it_waits_for_fds_is_cancelled(workers: str) -> No
     assert any(cancelled and not spawned for cancelled, spawned, _ in got), got
 
 
+EMFILE_AT_START = """
+import json, os, sys, time
+import psutil
+from boundedproc import run_many
+opts = {"on_output": lambda stream, chunk: None} if sys.argv[1] == "python" else {}
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+
+def source():
+    for fd in held:  # fds come back once the call has started (another thread's files)
+        os.close(fd)
+    held.clear()
+    yield ["echo", "first"]
+    yield from [["sleep", "30"]] * 4
+
+for r in run_many(source(), jobs=4, timeout=60, **opts):
+    first = r
+    time.sleep(0.3)  # the sleeps are in flight
+    t0 = time.monotonic()
+    break
+took = time.monotonic() - t0
+left = [p.pid for p in psutil.Process().children(recursive=True) if p.name() == "sleep"]
+print(json.dumps({"first": first.stdout.decode(), "took": took, "left": left}))
+"""
+
+
+@pytest.mark.parametrize("workers", ["core", "python"])
+def test_an_early_close_ends_runs_started_after_a_call_began_without_fds(workers: str) -> None:
+    """run_many began while the process had no fd left (so no fds for the call's cancel
+    switch), and fds came back as the source was read: the runs started then went on
+    past an early close (11.7 s for `sleep 12`s) and past a Ctrl-C. The switch is now asked
+    for again before each command, and a command is refused until it exists."""
+    got = _script_json(EMFILE_AT_START, workers)
+    assert got["first"] == "first\n", got
+    assert got["took"] < 5 and got["left"] == [], got
+
+
 # run_many with Python workers (on_output=) while a raise lands inside Thread.start() of its
 # second worker, once the thread is running (a Ctrl-C or a pytest-timeout alarm there).
 RAISE_IN_WORKER_START = """
