@@ -253,6 +253,23 @@ class _Walk:
         stack.append((sub, child, names))
 
 
+def _rmdir_empty(err: OSError, name: str, path: str, parent_fd: int | None = None) -> bool:
+    """Out of fds (``err``) to walk the directory: remove it if it is empty, which takes
+    no fd (a run refused its spawn by EMFILE left nothing in it).  True when it is gone."""
+    if err.errno not in (errno.EMFILE, errno.ENFILE):
+        return False
+    try:
+        if parent_fd is None:
+            os.rmdir(path)  # never follows a link put in its place: ENOTDIR
+        else:
+            os.rmdir(name, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # not empty: the walk needs fds, and the EMFILE is the answer
+    return True
+
+
 def remove(path: str) -> str | None:
     """Remove a run's directory and everything in it, as the caller.
 
@@ -268,7 +285,7 @@ def remove(path: str) -> str | None:
     try:
         parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as err:
-        return _why(err, path)
+        return _why(err, path) if not _rmdir_empty(err, name, path) else None
     try:
         try:
             st = os.lstat(name, dir_fd=parent_fd)
@@ -285,7 +302,7 @@ def remove(path: str) -> str | None:
         try:
             fd = _open_dir(parent_fd, name, st)
         except OSError as err:
-            return _why(err, path)
+            return _why(err, path) if not _rmdir_empty(err, name, path, parent_fd) else None
         try:
             mount = _mount_id(fd)
             if mount is not None and mount != _mount_id(parent_fd):
@@ -302,6 +319,9 @@ def remove(path: str) -> str | None:
             pass
         except OSError as err:
             walk.note(err, path)
-        return walk.error
+            return walk.error
+        # Gone, all of it: what the walk could not do (list an empty directory out of
+        # fds, read the mounts) left nothing behind.
+        return None
     finally:
         os.close(parent_fd)

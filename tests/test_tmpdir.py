@@ -432,3 +432,42 @@ def test_no_run_directory_is_left_by_this_module() -> None:
     for _ in range(3):
         run(["true"], tmpdir=True, timeout=10)
     assert run_dirs() <= before
+
+
+# Every fd but `spare` taken, then one run(tmpdir=True) of each spare count: what each
+# result said, and what is left in TMPDIR (the test's own) afterwards.
+OUT_OF_FDS = """
+import json, os, sys
+from boundedproc import run
+got = []
+for spare in range(8):
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    for _ in range(spare):
+        os.close(held.pop())
+    r = run(["true"], tmpdir=True, contain=sys.argv[1] == "1")
+    for fd in held:
+        os.close(fd)
+    got.append([spare, r.spawned, r.runner_error, r.cleanup_error])
+print(json.dumps({"runs": got, "left": os.listdir(os.environ["TMPDIR"])}))
+"""
+
+
+@pytest.mark.parametrize("contain", [True, False])
+def test_a_run_refused_for_want_of_fds_leaves_no_directory(tmp_path: Path, contain: bool) -> None:
+    """With 1 to 6 fds free, the fresh directory was made, the spawn failed (EMFILE), and
+    the removal, out of fds to walk it, left it behind (`tmpdir not removed: EMFILE`). An
+    empty directory needs no fd to be removed: it is now gone."""
+    env = importable_env()
+    env["TMPDIR"] = str(tmp_path)
+    done = subprocess.run([PY, "-c", OUT_OF_FDS, str(int(contain))], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert any(not spawned for _, spawned, _, _ in got["runs"]), got  # some ran out of fds
+    assert [cleanup for *_, cleanup in got["runs"]] == [None] * 8, got
+    assert got["left"] == [], got
