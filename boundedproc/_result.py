@@ -166,7 +166,8 @@ class ProcessFailed(Exception):
 def describe(result: Result[bytes] | Result[str], stderr_lines: int = 0) -> str:
     """One line saying how a run ended, for messages and logs.
 
-    The command is quoted with ``shlex.join``; with ``stderr_lines``, the last
+    The command is quoted with ``shlex.join`` (an argument byte that is not UTF-8 written
+    as the escape of its surrogate, ``\\udce9``); with ``stderr_lines``, the last
     that many lines of its stderr (of its stdout when stderr is empty, as with
     ``merge_stderr``) follow on lines of their own, each cut to
     ``_LINE_MAX`` characters, with control characters escaped: the message
@@ -198,7 +199,9 @@ def describe(result: Result[bytes] | Result[str], stderr_lines: int = 0) -> str:
         tail = text.rstrip("\n").splitlines()[-stderr_lines:]
         if tail:
             line += "\n" + "\n".join(f"  {_readable(t)}" for t in tail)
-    return line
+    # An argument that is not UTF-8 (b"caf\xe9") is in ``args`` with a lone surrogate,
+    # which no UTF-8 stream or log file takes: written as its escape instead (\udce9).
+    return line.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 #: The most characters of one output line ``describe`` shows.

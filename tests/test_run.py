@@ -730,6 +730,19 @@ def test_check_true_raises_a_message_a_user_can_read() -> None:
     assert str(again) == message
 
 
+def test_check_message_of_an_argument_that_is_not_utf8_can_be_written_as_utf8() -> None:
+    """An argument byte that is not UTF-8 is a lone surrogate in `args` (b"caf\\xe9" is
+    'caf\\udce9'): the message had it too, and a UTF-8 stream or log refused to write it
+    (UnicodeEncodeError). It is now written as the surrogate's escape."""
+    for cmd in ([b"sh", b"-c", b"exit 3", b"caf\xe9"], [b"/nonexistent/caf\xe9"]):
+        with pytest.raises(ProcessFailed) as info:
+            run(cmd, check=True)
+        message = str(info.value)
+        assert "caf\\udce9" in message, message
+        message.encode("utf-8")  # raised UnicodeEncodeError
+        assert info.value.result.args[-1].endswith("caf\udce9")  # the result keeps what ran
+
+
 def test_check_message_stays_readable_whatever_the_command_wrote() -> None:
     """A 16 MiB last line, control characters, and output merged into stdout: the message
     is a few hundred characters, escaped, and shows the merged output's last lines."""
