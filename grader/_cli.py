@@ -256,7 +256,7 @@ def verify_claim(
 
     Args:
         claim: The claim.
-        cwd: Working directory of the check; ``None`` with ``tmpdir``.
+        cwd: Working directory of the check; ``None``: this process's (and with ``tmpdir``).
         timeout: Seconds for the parse and, separately, for the run.
         bash: The bash program.
         cancel: A ``boundedproc.Cancel`` shared by the whole pass (only for in-process executors).

@@ -128,8 +128,9 @@ def verify_gradeable_evidence(
 
     Args:
         evidence: The claim's evidence.
-        cwd: Directory the check runs in (required: a check must not depend on the caller's);
-            ``None`` only with ``tmpdir``.
+        cwd: Directory the check runs in (a keyword with no default, so that a caller
+            names it); ``None`` is this process's current directory, as with
+            ``boundedproc.run``, and must be ``None`` with ``tmpdir``.
         env: The whole environment of the check; ``None`` for an empty one.
         bash: The bash program, looked up on ``PATH`` of ``env`` (or ``os.defpath``).
         timeout: Seconds the check may run; ``None`` for no deadline.
@@ -158,14 +159,13 @@ def verify_gradeable_evidence(
         and its grade.
 
     Raises:
-        ValueError: ``cwd`` is ``None`` without ``tmpdir``, or given with it.
+        ValueError: ``cwd`` is given with ``tmpdir``.
         UncheckableClaimError: The evidence is refused on its face (see
             ``assert_gradeable_evidence``), or bash ran ``-n`` and refused the check's syntax
             (reason ``invalid-shell-syntax``, with bash's own message in the note).
     """
-    if (cwd is None) != tmpdir:
-        raise ValueError("give cwd= or tmpdir=True (a fresh directory for each run), not both "
-                         "and not neither")
+    if cwd is not None and tmpdir:
+        raise ValueError("give cwd= or tmpdir=True (a fresh directory for each run), not both")
     accepted = assert_gradeable_evidence(evidence)
     check = accepted.check
     if check is None:

@@ -923,13 +923,18 @@ def test_verify_in_a_tmpdir_runs_the_check_in_a_fresh_directory() -> None:
     assert verified.grade.verdict is Verdict.VERIFIED, verified
 
 
-def test_verify_needs_exactly_one_of_cwd_and_tmpdir(tmp_path: Path) -> None:
-    """cwd= and tmpdir=True exclude each other, and one of them is needed (ValueError)."""
+def test_verify_takes_cwd_or_tmpdir_and_none_is_the_current_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cwd= and tmpdir=True exclude each other (ValueError); cwd=None without tmpdir is this
+    process's current directory, as with run() (it was a ValueError)."""
     evidence = Evidence(rung=4, check="echo $((6*7))", expect="42")
     with pytest.raises(ValueError, match="tmpdir"):
         verify_gradeable_evidence(evidence, cwd=tmp_path, tmpdir=True)
-    with pytest.raises(ValueError, match="tmpdir"):
-        verify_gradeable_evidence(evidence, cwd=None)
+    (tmp_path / "here.txt").write_text("42\n")
+    monkeypatch.chdir(tmp_path)
+    here = Evidence(rung=4, check="cat here.txt", expect="42")
+    verified = verify_gradeable_evidence(here, cwd=None, timeout=20)
+    assert verified.grade.verdict is Verdict.VERIFIED, verified
 
 
 def test_verify_with_an_unknown_user_is_unrunnable(tmp_path: Path) -> None:
