@@ -1021,7 +1021,7 @@ def _stop_writing(out: IO[str]) -> None:
 
 def _stdin_bytes() -> bytes:
     """All of stdin, for the claims file ``-`` (OSError when there is no stdin to read)."""
-    stream = getattr(sys.stdin, "buffer", None)  # None: fd 0 was closed at our start
+    stream: IO[bytes] | None = getattr(sys.stdin, "buffer", None)  # None: fd 0 was closed
     if stream is None:
         raise OSError(errno.EBADF, os.strerror(errno.EBADF))
     return stream.read()
