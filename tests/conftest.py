@@ -77,6 +77,24 @@ def exec_after(setup: str) -> list[str]:
             f"import os, signal, sys\n{setup}\nos.execv(sys.argv[1], sys.argv[1:])"]
 
 
+# For the scripts a test runs in a fresh interpreter: take_fds(spare) holds open every fd
+# the process may still open but `spare`, and returns them (EMFILE on demand).
+TAKE_FDS = """
+import os
+
+def take_fds(spare=0):
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    for _ in range(spare):
+        os.close(held.pop())
+    return held
+"""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # here, not only in pyproject.toml: CI runs the suite from outside the source tree
     config.addinivalue_line(

@@ -27,6 +27,7 @@ from typing import Any
 import psutil
 import pytest
 from conftest import (
+    TAKE_FDS,
     alive,
     batch_threads,
     fork_with_threads,
@@ -523,24 +524,18 @@ def test_a_forked_child_cannot_go_on_with_python_workers() -> None:
     assert [x.stdout for x in it] == [b"x\n"] * 5
 
 
-# A fresh interpreter under RLIMIT_NOFILE at `limit`, with take_fds(): another thread of
+# A fresh interpreter under RLIMIT_NOFILE at `limit`, with hog_fds(): another thread of
 # the caller's that, `after` seconds in, takes every fd but `spare`, for `hold` seconds
 # (None: to the end). The scripts below follow it.
-FD_HOG = """
+FD_HOG = TAKE_FDS + """
 import json, os, resource, sys, threading, time
 held = []
-def take_fds(limit, after, spare, hold):
+def hog_fds(limit, after, spare, hold):
     resource.setrlimit(resource.RLIMIT_NOFILE,
                        (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     def hog():
         time.sleep(after)
-        try:
-            while True:
-                held.append(os.open(os.devnull, os.O_RDONLY))
-        except OSError:
-            pass
-        for _ in range(spare):
-            os.close(held.pop())
+        held.extend(take_fds(spare))
         if hold is not None:
             time.sleep(hold)
             for fd in held:
@@ -553,7 +548,7 @@ from boundedproc import run_many
 limit, jobs, contain, hog = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
 tmpdir = sys.argv[5] == "python"  # tmpdir=True runs on Python workers calling run()
 if hog == "hog":
-    take_fds(limit, after=0.1, spare=0, hold=0.3)
+    hog_fds(limit, after=0.1, spare=0, hold=0.3)
 else:
     resource.setrlimit(resource.RLIMIT_NOFILE,
                        (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
@@ -629,7 +624,7 @@ CANCEL_WHILE_WAITING_FOR_FDS = FD_HOG + """
 from boundedproc import Cancel, run_many
 opts = {"on_output": lambda stream, chunk: None} if sys.argv[1] == "python" else {}
 switch = Cancel()
-take_fds(96, after=0.15, spare=2, hold=None)
+hog_fds(96, after=0.15, spare=2, hold=None)
 threading.Timer(2.5, switch.cancel).start()
 rs = list(run_many([["sh", "-c", "sleep 1"]] * 12, jobs=4, cancel=switch, timeout=30, **opts))
 print(json.dumps([[r.cancelled, r.spawned, r.runner_error] for r in rs]))
@@ -646,17 +641,12 @@ def test_a_run_cancelled_while_it_waits_for_fds_is_cancelled(workers: str) -> No
     assert any(cancelled and not spawned for cancelled, spawned, _ in got), got
 
 
-EMFILE_AT_START = """
+EMFILE_AT_START = TAKE_FDS + """
 import json, os, sys, time
 import psutil
 from boundedproc import run_many
 opts = {"on_output": lambda stream, chunk: None} if sys.argv[1] == "python" else {}
-held = []
-try:
-    while True:
-        held.append(os.open(os.devnull, os.O_RDONLY))
-except OSError:
-    pass
+held = take_fds()
 
 def source():
     for fd in held:  # fds come back once the call has started (another thread's files)

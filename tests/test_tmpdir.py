@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SIGINT_PRELUDE, importable_env
+from conftest import SIGINT_PRELUDE, TAKE_FDS, importable_env
 
 from boundedproc import Cancel, run, run_many
 from boundedproc import _tmpdir as tmpdir_mod
@@ -436,19 +436,12 @@ def test_no_run_directory_is_left_by_this_module() -> None:
 
 # Every fd but `spare` taken, then one run(tmpdir=True) of each spare count: what each
 # result said, and what is left in TMPDIR (the test's own) afterwards.
-OUT_OF_FDS = """
+OUT_OF_FDS = TAKE_FDS + """
 import json, os, sys
 from boundedproc import run
 got = []
 for spare in range(8):
-    held = []
-    try:
-        while True:
-            held.append(os.open(os.devnull, os.O_RDONLY))
-    except OSError:
-        pass
-    for _ in range(spare):
-        os.close(held.pop())
+    held = take_fds(spare)
     r = run(["true"], tmpdir=True, contain=sys.argv[1] == "1")
     for fd in held:
         os.close(fd)
