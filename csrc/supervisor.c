@@ -1093,12 +1093,12 @@ int main(int argc, char **argv)
      * (an inherited SIG_IGN for SIGCHLD would have the kernel reap our
      * children), every signal blocked; SIGCHLD and DEATH_SIGNAL come through a
      * signalfd, and nothing a command sends us runs a handler. */
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
+    /* Through the system call itself: the C library's sigaction() refuses its own
+     * signals (32 and 33 with glibc), which a posix_spawn() from a threaded parent
+     * leaves ignored in its child, and every leader of ours would inherit. */
     for (int sig = 1; sig < NSIG; sig++)
         if (sig != SIGKILL && sig != SIGSTOP)
-            (void)sigaction(sig, &dfl, NULL);
+            (void)bpc_default_action(sig);
     sigset_t all;
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, NULL);

@@ -96,6 +96,32 @@ def test_signal_state_of_the_caller(setup: str, contain: bool, clean: dict[bool,
     assert got == clean[contain]
 
 
+# The kernel's rt_sigaction: glibc's sigaction() refuses its own signals 32 and 33, which a
+# posix_spawn() from a threaded glibc process leaves ignored in its child (Python 3.13's
+# subprocess spawns so): set them ignored as that child finds them.
+_RT_SIGACTION = {"x86_64": 13, "aarch64": 134}.get(os.uname().machine)
+
+
+@pytest.mark.skipif(_RT_SIGACTION is None or not os.path.exists("/proc/self/status"),
+                    reason="needs Linux on x86_64 or aarch64")
+@MODES
+def test_the_c_librarys_own_signals_inherited_ignored_are_reset(contain: bool) -> None:
+    """A caller that found glibc's signals 32 and 33 ignored: its commands had them ignored
+    too, contained (the supervisor reset every disposition through sigaction(), which
+    refuses those two) though not uncontained (the child's raw system calls reset them)."""
+    got = child(f"""
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        ignore = (ctypes.c_ulong * 4)(1, 0, 0, 0)  # handler SIG_IGN, flags, restorer, mask
+        for sig in (32, 33):
+            assert libc.syscall({_RT_SIGACTION}, sig, ignore, None, 8) == 0, ctypes.get_errno()
+        status = run(["cat", "/proc/self/status"], timeout=20, contain={contain}).stdout
+        (line,) = [x for x in status.decode().splitlines() if x.startswith("SigIgn:")]
+        print(json.dumps(line.split()[1]))
+        """)
+    assert int(str(got), 16) == 0, got
+
+
 @MODES
 def test_sigchld_ignored_inherited_across_exec(contain: bool, clean: dict[bool, object]) -> None:
     """`trap '' CHLD` in a shell that then execs Python: SIGCHLD is ignored from the start."""

@@ -616,9 +616,12 @@ def test_the_inherited_mask_and_ignored_signals_reach_the_command(contain: bool,
     if GNU is not None:
         theirs = subprocess.run([*prefix, GNU, *args[1 - contain:]], capture_output=True,
                                 timeout=60, env=env_c(), check=False)
-        python_ignores = _bits(signal.SIGPIPE, signal.SIGXFSZ)
+        # Not passed on by us: what Python ignores at its start, and the C library's own 32
+        # and 33, which a posix_spawn from a threaded process (Python 3.13's subprocess,
+        # here) leaves ignored and coreutils passes on.
+        not_ours = _bits(signal.SIGPIPE, signal.SIGXFSZ, 32, 33)
         assert _status_bits(theirs.stdout, b"SigBlk") == _bits(*block)
-        assert _status_bits(theirs.stdout, b"SigIgn") & ~python_ignores == _bits(*kept)
+        assert _status_bits(theirs.stdout, b"SigIgn") & ~not_ours == _bits(*kept)
 
 
 @pytest.mark.parametrize("args, status", [
