@@ -239,6 +239,17 @@ struct bp_child_error {
     int err;
 };
 
+/* Every disposition back to its default, through the system call on Linux: the C
+ * library's sigaction() refuses its own signals (32 and 33 with glibc), which a
+ * posix_spawn() from a threaded parent leaves ignored in its child. */
+static inline void bpc_default_actions(void)
+{
+    for (int sig = 1; sig < NSIG; sig++) {
+        if (sig != SIGKILL && sig != SIGSTOP)
+            (void)bpc_default_action(sig);
+    }
+}
+
 /* Everything the child needs, prepared before the start. */
 struct bp_child_args {
     char *const *exec_paths;        /* candidates for execve, NULL-terminated */
@@ -395,12 +406,8 @@ __attribute__((noreturn)) static inline void bp_child_main(const struct bp_child
 #endif
     if (bpc_getppid() != a->parent)
         bpc_exit(BP_SPAWN_FAILURE_EXIT_CODE);  /* the parent is already gone */
-    if (!a->clean_parent) {
-        for (int sig = 1; sig < NSIG; sig++) {
-            if (sig != SIGKILL && sig != SIGSTOP)
-                (void)bpc_default_action(sig);
-        }
-    }
+    if (!a->clean_parent)
+        bpc_default_actions();
     /* What the caller asks to keep ignored (boundedproc-timeout: what it inherited). */
     for (int sig = 1; a->sig_ignore != 0 && sig < NSIG && sig <= 64; sig++) {
         if (((a->sig_ignore >> (sig - 1)) & 1) && sig != SIGKILL && sig != SIGSTOP)

@@ -1092,13 +1092,9 @@ int main(int argc, char **argv)
     /* A clean signal state whatever we inherited: every disposition default
      * (an inherited SIG_IGN for SIGCHLD would have the kernel reap our
      * children), every signal blocked; SIGCHLD and DEATH_SIGNAL come through a
-     * signalfd, and nothing a command sends us runs a handler. */
-    /* Through the system call itself: the C library's sigaction() refuses its own
-     * signals (32 and 33 with glibc), which a posix_spawn() from a threaded parent
-     * leaves ignored in its child, and every leader of ours would inherit. */
-    for (int sig = 1; sig < NSIG; sig++)
-        if (sig != SIGKILL && sig != SIGSTOP)
-            (void)bpc_default_action(sig);
+     * signalfd, and nothing a command sends us runs a handler.  The C library's own
+     * signals too (bpc_default_actions): every leader of ours would inherit them. */
+    bpc_default_actions();
     sigset_t all;
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, NULL);
