@@ -1027,16 +1027,18 @@ def _many_batch(batch: _native.Batch, source: Iterator[Any], bar: Any,
                 more = False
                 return
             pending.append(slot)
-            if switch is None and slot.result is None and slot.prepared.spec is not None:
+            if slot.result is not None or slot.prepared.spec is None:
+                continue  # done already: not to be spawned
+            if switch is None:
                 slot.refused(errno.EMFILE, "the run_many cancel switch")
-            elif slot.result is None and slot.prepared.spec is not None:
-                tag = next(tags)  # started at once: the source may be slow to give the next
-                try:
-                    batch.submit(tag, slot.prepared.spec)
-                except OSError as err:  # not one worker thread: out of process slots
-                    slot.refused(err.errno or errno.EAGAIN, "a run_many worker thread")
-                else:
-                    running[tag] = slot
+                continue
+            tag = next(tags)  # started at once: the source may be slow to give the next
+            try:
+                batch.submit(tag, slot.prepared.spec)
+            except OSError as err:  # not one worker thread: out of process slots
+                slot.refused(err.errno or errno.EAGAIN, "a run_many worker thread")
+            else:
+                running[tag] = slot
 
     owner = _forks
     try:

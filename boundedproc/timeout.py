@@ -36,7 +36,7 @@ import string
 import sys
 import time
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -623,24 +623,19 @@ _PYTHON_IGNORES = frozenset(getattr(signal, name) for name in ("SIGPIPE", "SIGXF
                             if hasattr(signal, name))
 
 
+def _signal_bits(sigs: Iterable[int]) -> int:
+    """Signals as the core's bits: s-1 for signal s (1 to 64; others left out; each once)."""
+    return sum({1 << (sig - 1) for sig in sigs if 0 < sig <= 64})
+
+
 def _inherited_signals() -> tuple[int, int]:
-    """The signals this process found ignored and its signal mask, each as bits (s-1 for
-    signal s), read before anything here changes them; coreutils passes both on to
-    COMMAND (its child restores the mask it started with; exec keeps SIG_IGN)."""
-    ignored = 0
-    for sig in signal.valid_signals():
-        if sig in _PYTHON_IGNORES or not 0 < sig <= 64:
-            continue
-        try:
-            if signal.getsignal(sig) == signal.SIG_IGN:
-                ignored |= 1 << (sig - 1)
-        except (OSError, ValueError):  # pragma: no cover - a signal Python cannot ask of
-            continue
-    blocked = 0
-    for masked in signal.pthread_sigmask(signal.SIG_BLOCK, ()):
-        if 0 < masked <= 64:
-            blocked |= 1 << (masked - 1)
-    return ignored, blocked
+    """The signals this process found ignored and its signal mask, each as bits
+    (``_signal_bits``), read before anything here changes them; coreutils passes both on
+    to COMMAND (its child restores the mask it started with; exec keeps SIG_IGN)."""
+    ignored = _signal_bits(sig for sig in signal.valid_signals()
+                           if sig not in _PYTHON_IGNORES
+                           and signal.getsignal(sig) == signal.SIG_IGN)
+    return ignored, _signal_bits(signal.pthread_sigmask(signal.SIG_BLOCK, ()))
 
 
 _RETRY = 0.001  # a signal that came while the command was being started: again after 1 ms
@@ -658,10 +653,7 @@ class _Timeout:
         # COMMAND's ignored signals and mask (bit s-1 for signal s), as coreutils leaves
         # them: what we inherited, but the signals coreutils catches back at their default.
         ignored, self.sig_mask = inherited
-        for sig in (*_COREUTILS_CAUGHT, args.signal):
-            if 0 < sig <= 64:
-                ignored &= ~(1 << (sig - 1))
-        self.sig_ignore = ignored
+        self.sig_ignore = ignored & ~_signal_bits((*_COREUTILS_CAUGHT, args.signal))
         self.prog = prog
         self.utf8 = utf8
         self.closed_fds = closed_fds
