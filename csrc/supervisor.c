@@ -30,7 +30,8 @@
  * nothing here may chdir, chroot or set the umask, which would change the
  * caller's.  The rest of what a child inherits (ids, limits, affinity, ...)
  * is the caller's as of our start; the core replaces us when those change
- * (sup.c, struct bp_origin).
+ * (sup.c, struct bp_origin), and we exit when a command changed ours
+ * ("What a leader inherits from us").
  *
  * It dies with its caller: the caller's pidfd becomes readable when the
  * caller's process exits (whatever killed it, even the OOM killer); the
@@ -54,6 +55,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +76,16 @@
 #define PROBE_SPAN 32768
 #define DEFAULT_BUDGET_NS 2000000000LL
 #define SETTLE_SIGNAL_MS 100  /* how long a signal waits for a start to settle */
+
+/* What every leader inherits from us and a process of a run can change in us from
+ * outside ("What a leader inherits from us", below). */
+struct inherited {
+    struct rlimit limits[RLIM_NLIMITS];
+    cpu_set_t affinity[8192 / CPU_SETSIZE];  /* as sup.c's struct bp_origin */
+    uint32_t sched[14];   /* struct sched_attr: policy, flags, nice, priority */
+    long ioprio, slack;
+    uint64_t proc_hash;   /* over oom_score_adj, coredump_filter and cgroup, as read */
+};
 
 struct sup {
     pid_t self;
@@ -103,6 +115,7 @@ struct sup {
     char *blob, **argv, **envp, **paths;
     int exec_fd;          /* reads EOF once the leader exec'd or exited; -1: settled */
     int leader_fd;        /* the leader's pidfd, until it is reaped; -1: none */
+    struct inherited start;    /* as at our start */
 };
 
 static int64_t now_ns(void)
@@ -283,6 +296,64 @@ static void release_held(struct sup *s)
     }
 }
 
+/* ---- what a leader inherits from us ----------------------------------------------- */
+
+/*
+ * A leader inherits our resource limits, scheduling policy and nice value, CPU
+ * mask, I/O priority, timer slack, OOM score adjustment, core dump filter and
+ * cgroup.  A process of a run can change each of ours from outside: it runs as
+ * our user (or as root), and $PPID names us (prlimit, renice, chrt, taskset,
+ * ionice, /proc/$PPID/oom_score_adj or timerslack_ns, a cgroup's cgroup.procs).
+ * Every later command would then start with the change, a hostile check's
+ * `prlimit --pid $PPID --fsize=0` failing the honest checks after it.  The core
+ * compares only its own thread's values (sup.c, struct bp_origin), so we take
+ * ours at our start and look again after each run, once the core has its result
+ * (the core is busy with it meanwhile): changed, we exit.  The next run then
+ * finds us gone and starts a fresh supervisor; one already sent to us is sent
+ * again to a fresh one (nothing of it started: _native.execute, batch.c).
+ */
+static void inherited_read(struct inherited *in)
+{
+    memset(in, 0, sizeof *in);
+    for (int r = 0; r < RLIM_NLIMITS; r++)
+        (void)getrlimit(r, &in->limits[r]);
+    (void)syscall(SYS_sched_getaffinity, 0, sizeof in->affinity, in->affinity);
+#ifdef SYS_sched_getattr
+    (void)syscall(SYS_sched_getattr, 0, in->sched, sizeof in->sched, 0);
+#endif
+#ifdef SYS_ioprio_get
+    in->ioprio = syscall(SYS_ioprio_get, 1 /* IOPRIO_WHO_PROCESS */, 0);
+#endif
+    in->slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    /* FNV-1a over the files, each with its length; opened each time, not held: a
+     * caller's low RLIMIT_NOFILE, which we inherit, leaves us few fds. */
+    static const char *const names[] = {
+        "/proc/self/oom_score_adj", "/proc/self/coredump_filter", "/proc/self/cgroup"};
+    uint64_t h = 14695981039346656037ULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char buf[4096];
+        size_t n = 0;
+        int fd = open(names[i], O_RDONLY | O_CLOEXEC);  /* -1 without a /proc */
+        if (fd >= 0) {
+            n = read_whole(fd, buf, sizeof buf);
+            (void)close(fd);
+        }
+        h = (h ^ (uint64_t)n) * 1099511628211ULL;
+        for (size_t k = 0; k < n; k++)
+            h = (h ^ (unsigned char)buf[k]) * 1099511628211ULL;
+    }
+    in->proc_hash = h;
+}
+
+/* After a run: exit if something of ours that a leader inherits was changed. */
+static void exit_if_changed(struct sup *s)
+{
+    struct inherited now;
+    inherited_read(&now);
+    if (memcmp(&now, &s->start, sizeof now) != 0)
+        _exit(0);
+}
+
 /* ---- the leader's start -------------------------------------------------------- */
 
 /* The leader is reaped: let go of what its start kept (start_leader). */
@@ -366,6 +437,7 @@ static void finish_alone(struct sup *s)
     s->exited = 0;
     send_msg(s, &m);
     release_held(s);
+    exit_if_changed(s);
 }
 
 /* Signal the leader's group (while the leader is unreaped) and every
@@ -660,6 +732,7 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
     release_held(s);
     if (found > 0 || unkillable)
         _exit(0);  /* something of this run lives on, or is still dying: never reuse us */
+    exit_if_changed(s);
 }
 
 /* ---- one run ----------------------------------------------------------------- */
@@ -1129,6 +1202,7 @@ int main(int argc, char **argv)
 #endif
     s.proc_ok = proc_is_ours(s.self);
     s.kids_fd = -1;  /* opened at the first need (list_children) */
+    inherited_read(&s.start);
     send_simple(&s, BP_MSG_HELLO, (int)s.self, stage, err);
     if (stage != 0)
         return 1;

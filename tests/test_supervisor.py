@@ -682,6 +682,54 @@ def test_reuse_across_8_threads() -> None:
     assert errors == []
 
 
+# A command that changes its parent, the reused supervisor, from outside: a hostile
+# check's `prlimit --pid $PPID`, `renice`, `taskset -p` or a write to
+# /proc/$PPID/oom_score_adj.  Each entry: the change (PPID is the supervisor), and a probe
+# of what a command inherits, printed.
+_CHANGES_TO_THE_PARENT = {
+    "rlimit": (("import os, resource; "
+                "resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (64, 64))"),
+               "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))"),
+    "nice": (("import os; p = os.getppid(); "
+              "os.setpriority(os.PRIO_PROCESS, p, os.getpriority(os.PRIO_PROCESS, p) + 3)"),
+             "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"),
+    "affinity": ("import os; os.sched_setaffinity(os.getppid(), {min(os.sched_getaffinity(0))})",
+                 "import os; print(sorted(os.sched_getaffinity(0)))"),
+    "oom_score_adj": (("import os, pathlib; "
+                       "f = pathlib.Path(f'/proc/{os.getppid()}/oom_score_adj'); "
+                       "f.write_text(str(int(f.read_text()) + 100))"),
+                      "print(open('/proc/self/oom_score_adj').read().strip())"),
+}
+
+
+@pytest.mark.parametrize("how", ["run", "run_many"])
+@pytest.mark.parametrize("change", sorted(_CHANGES_TO_THE_PARENT))
+def test_a_command_that_changes_its_supervisor_does_not_change_the_next_command(
+        change: str, how: str) -> None:
+    """A reused supervisor hands its leaders its own limits, nice value, CPU mask and OOM
+    score, and a command can change them from outside: its $PPID is the supervisor, of its
+    own user.  The core compared only the calling thread's values, so every later command
+    of the thread (or of the run_many worker) started with the change: a hostile check's
+    `prlimit --pid $PPID --fsize=0` failed the honest checks after it.  The next command
+    must get what the first one got."""
+    set_it, probe = _CHANGES_TO_THE_PARENT[change]
+    if change == "affinity" and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: a mask of one changes nothing")
+    if change == "oom_score_adj" and not os.path.exists("/proc/self/oom_score_adj"):
+        pytest.skip("no /proc")
+    cmds = [[sys.executable, "-c", probe], [sys.executable, "-c", set_it],
+            [sys.executable, "-c", probe], [sys.executable, "-c", probe]]
+    for _ in range(3):
+        if how == "run":
+            results = [run(c, timeout=30) for c in cmds]
+        else:
+            from boundedproc import run_many
+            results = list(run_many(cmds, jobs=1, timeout=30))
+        assert all(r.ok for r in results), results
+        before, after, later = (r.stdout for r in results[::2] + results[3:])
+        assert before and (after, later) == (before, before), (change, how, before, after, later)
+
+
 def test_supervisor_killed_between_runs() -> None:
     """A supervisor SIGKILLed from outside between runs is replaced for the next run."""
     run(["true"])
