@@ -78,6 +78,7 @@ struct bp_origin {
     uint64_t groups_hash;
     uint32_t caps[6];       /* capget, version 3: effective, permitted, inheritable x 2 */
     int no_new_privs, seccomp, securebits;
+    int seccomp_filters;    /* in filter mode: how many (a caller may add more), else 0 */
     /* The rest (BP_ORIGIN_ALL): the thread's own pool, which lives as long as
      * the thread; run_many's workers start theirs for one call. */
     int personality, ioprio;
@@ -307,6 +308,30 @@ fail: {
     }
 }
 
+/* How many seccomp filters the calling thread has (a filter added is never taken away,
+ * and the mode alone stays 2): "Seccomp_filters:" in its /proc status; -1 unread.  Read
+ * only in filter mode, so only a caller that uses filters pays for the read. */
+static int seccomp_filters(void)
+{
+    int fd = open("/proc/thread-self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char buf[8192];
+    size_t got = 0;
+    while (got < sizeof buf - 1) {
+        ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    (void)close(fd);
+    buf[got] = '\0';
+    const char *at = strstr(buf, "\nSeccomp_filters:");
+    return at == NULL ? -1 : atoi(at + sizeof "\nSeccomp_filters:" - 1);
+}
+
 /* Read the calling thread's side of what a child inherits (struct bp_origin):
  * all of it, or only who it is (BP_ORIGIN_WHO). */
 static void origin_read(struct bp_origin *o, int what)
@@ -338,6 +363,8 @@ static void origin_read(struct bp_origin *o, int what)
     (void)syscall(SYS_capget, &hdr, o->caps);
     o->no_new_privs = prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0);
     o->seccomp = prctl(PR_GET_SECCOMP, 0, 0, 0, 0);
+    if (o->seccomp == 2)
+        o->seccomp_filters = seccomp_filters();
     o->securebits = prctl(PR_GET_SECUREBITS, 0, 0, 0, 0);
     if (what == BP_ORIGIN_WHO)
         return;

@@ -438,6 +438,42 @@ def test_state_changed_between_runs_reaches_the_next_contained_command(
     assert got["True"] == got["False"], got
 
 
+# For a child script: add a seccomp filter that allows every call (one instruction,
+# SECCOMP_RET_ALLOW) to the calling thread, under no_new_privs.
+ADD_SECCOMP_FILTER = """
+import ctypes
+class _Insn(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                ("k", ctypes.c_uint)]
+class _Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Insn))]
+_libc = ctypes.CDLL(None, use_errno=True)
+def add_seccomp_filter():
+    insns = (_Insn * 1)(_Insn(0x06, 0, 0, 0x7fff0000))  # BPF_RET|BPF_K, SECCOMP_RET_ALLOW
+    assert _libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+    assert _libc.prctl(22, 2, ctypes.byref(_Prog(1, insns)), 0, 0) == 0, ctypes.get_errno()
+"""
+
+
+def test_a_seccomp_filter_added_between_runs_reaches_the_next_contained_command() -> None:
+    """A caller already in seccomp filter mode that adds another filter after a contained
+    run: its mode stays 2, which was all the core compared, so the supervisor was reused and
+    the command ran without the new filter (a sandbox the caller set up, silently dropped).
+    Now the number of filters is compared too."""
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("no /proc")
+    got = child(ADD_SECCOMP_FILTER + textwrap.dedent("""
+        probe = ["grep", "^Seccomp_filters:", "/proc/self/status"]
+        add_seccomp_filter()
+        before = run(probe, timeout=20).stdout.decode()
+        add_seccomp_filter()
+        after = {str(c): run(probe, timeout=20, contain=c).stdout.decode() for c in (True, False)}
+        print(json.dumps(dict(before=before, **after)))
+    """))
+    assert got["False"] != got["before"], got  # the new filter shows in a fresh child
+    assert got["True"] == got["False"], got
+
+
 def test_a_contained_command_gets_the_callers_cpu_mask() -> None:
     """A contained command and what it starts may use every CPU the caller may (nproc,
     make -j), run after run, as an uncontained one may."""
