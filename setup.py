@@ -42,15 +42,18 @@ def _check_compiler(compiler_type: str | None = None) -> None:
     from distutils.ccompiler import new_compiler
     from distutils.sysconfig import customize_compiler
 
+    install = ("install one (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install gcc; "
+               "macOS: xcode-select --install) or set CC to it")
+    if "CC" in os.environ and not os.environ["CC"].strip():
+        # The compiler's command would start with the first of the flags.
+        sys.exit(f"error: building boundedproc needs a C compiler, and CC is set but empty: "
+                 f"unset it, or {install}")
     cc = new_compiler(compiler=compiler_type)
     customize_compiler(cc)
     argv = getattr(cc, "compiler_so", None) or ["cc"]
     if shutil.which(argv[0]) is None:
-        sys.exit(
-            f"error: building boundedproc needs a C compiler, and {argv[0]!r} is not found: "
-            "install one (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install gcc; "
-            "macOS: xcode-select --install) or set CC to it"
-        )
+        sys.exit(f"error: building boundedproc needs a C compiler, and {argv[0]!r} is not found: "
+                 f"{install}")
 
 
 class Build(build):

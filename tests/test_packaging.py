@@ -201,3 +201,26 @@ def test_sdist_takes_sources_and_no_caches(tmp_path: Path,
         (tmp_path / name).write_text("")
     monkeypatch.chdir(tmp_path)
     assert _manifest_files(manifest) == wanted
+
+
+@pytest.mark.parametrize("cc", ["", "  ", "/nonexistent/cc"])
+def test_a_build_without_a_usable_compiler_says_what_to_install(cc: str) -> None:
+    """``CC`` set to no compiler fails the build at once, with what to install.  An empty
+    ``CC`` named the first compiler flag as the compiler that was not found."""
+    setup = Path(__file__).resolve().parent.parent / "setup.py"
+    if not setup.exists():
+        pytest.skip("not a source tree")
+    try:
+        from setuptools import __version__ as setuptools_version
+    except ImportError:
+        pytest.skip("no setuptools here")
+    if int(setuptools_version.split(".")[0]) < 77:
+        pytest.skip("setup.py needs setuptools>=77")
+    done = subprocess.run([sys.executable, str(setup), "-q", "build"], cwd=setup.parent,
+                          env={**os.environ, "CC": cc}, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode != 0
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: building boundedproc needs a C compiler, and "), done.stderr
+    assert "apt-get install gcc" in line
+    assert ("CC is set but empty" if not cc.strip() else repr(cc)) in line, line
