@@ -157,8 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif result.timed_out:
             _say(f"boundedproc: timed out after {args.timeout:g} s\n")
         if result.output_truncated:
+            # Under --on-overflow kill the cap ended the run: say so beside its 137.
+            killed = "; killed (--on-overflow kill)" if args.on_overflow == "kill" else ""
             _say(f"boundedproc: output truncated at {args.max_output} bytes "
-                 f"({result.output_bytes} read)\n")
+                 f"({result.output_bytes} read){killed}\n")
         if result.escaped:
             _say("boundedproc: a process outside the group held the output open\n")
     return result.exit_code

@@ -122,6 +122,17 @@ def test_live_output_keeps_the_cap() -> None:
     assert b"output truncated at 10 bytes" in p.stderr
 
 
+def test_a_cap_that_kills_says_so() -> None:
+    """Under --on-overflow kill the message says the command was killed, beside its 137;
+    it said only that the output was truncated, as under truncate."""
+    p = cli("--max-output", "1K", "--on-overflow", "kill", "--", "sh", "-c", "yes")
+    assert p.returncode == 137
+    assert b"output truncated at 1024 bytes (" in p.stderr
+    assert b"; killed (--on-overflow kill)" in p.stderr, p.stderr
+    q = cli("--max-output", "1K", "--", "sh", "-c", "yes | head -c 5000")
+    assert q.returncode == 0 and b"killed" not in q.stderr, q.stderr
+
+
 def test_closed_stdout_reader_ends_the_run() -> None:
     """`python -m boundedproc -- yes | head -1` ends at once, without a traceback."""
     p = subprocess.run(["sh", "-c", f"'{PY}' -m boundedproc --timeout 60 -- yes | head -1"],
