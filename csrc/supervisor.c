@@ -54,6 +54,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdio.h>
@@ -87,6 +88,8 @@ struct inherited {
     uint64_t proc_hash;   /* over oom_score_adj, coredump_filter and cgroup, as read */
 };
 
+#define INHERITED_FILES 3
+
 struct sup {
     pid_t self;
     pid_t caller;
@@ -115,6 +118,8 @@ struct sup {
     char *blob, **argv, **envp, **paths;
     int exec_fd;          /* reads EOF once the leader exec'd or exited; -1: settled */
     int leader_fd;        /* the leader's pidfd, until it is reaped; -1: none */
+    int inherited_fd[INHERITED_FILES];  /* /proc/self's oom_score_adj, coredump_filter,
+                                         * cgroup; -1: none */
     struct inherited start;    /* as at our start */
 };
 
@@ -307,16 +312,24 @@ static void release_held(struct sup *s)
  * Every later command would then start with the change, a hostile check's
  * `prlimit --pid $PPID --fsize=0` failing the honest checks after it.  The core
  * compares only its own thread's values (sup.c, struct bp_origin), so we take
- * ours at our start and look again after each run, once the core has its result
- * (the core is busy with it meanwhile): changed, we exit.  The next run then
- * finds us gone and starts a fresh supervisor; one already sent to us is sent
- * again to a fresh one (nothing of it started: _native.execute, batch.c).
+ * ours at our start and look again at the end of each run, before FINAL, which
+ * then says we may not be reused (and we exit).
+ *
+ * Before FINAL, not after it: FINAL wakes the core on our CPU (a socket's wakeup
+ * expects the sender to sleep next), and a look after it kept the core waiting
+ * for the CPU, 35 us a run, where the look itself costs under 10 (the files are
+ * held open: their open and close cost twice their read).
  */
-static void inherited_read(struct inherited *in)
+static void inherited_read(const struct sup *s, struct inherited *in)
 {
     memset(in, 0, sizeof *in);
-    for (int r = 0; r < RLIM_NLIMITS; r++)
+    for (int r = 0; r < RLIM_NLIMITS; r++) {
+#if defined(SYS_getrlimit) && ULONG_MAX == UINT64_MAX
+        (void)syscall(SYS_getrlimit, r, &in->limits[r]);  /* no pid lookup (sup.c) */
+#else
         (void)getrlimit(r, &in->limits[r]);
+#endif
+    }
     (void)syscall(SYS_sched_getaffinity, 0, sizeof in->affinity, in->affinity);
 #ifdef SYS_sched_getattr
     (void)syscall(SYS_sched_getattr, 0, in->sched, sizeof in->sched, 0);
@@ -325,33 +338,34 @@ static void inherited_read(struct inherited *in)
     in->ioprio = syscall(SYS_ioprio_get, 1 /* IOPRIO_WHO_PROCESS */, 0);
 #endif
     in->slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-    /* FNV-1a over the files, each with its length; opened each time, not held: a
-     * caller's low RLIMIT_NOFILE, which we inherit, leaves us few fds. */
-    static const char *const names[] = {
-        "/proc/self/oom_score_adj", "/proc/self/coredump_filter", "/proc/self/cgroup"};
-    uint64_t h = 14695981039346656037ULL;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    uint64_t h = 14695981039346656037ULL;  /* FNV-1a over the files, each with its length */
+    for (int i = 0; i < INHERITED_FILES; i++) {
         char buf[4096];
-        size_t n = 0;
-        int fd = open(names[i], O_RDONLY | O_CLOEXEC);  /* -1 without a /proc */
-        if (fd >= 0) {
-            n = read_whole(fd, buf, sizeof buf);
-            (void)close(fd);
-        }
+        ssize_t n = s->inherited_fd[i] >= 0 ? pread(s->inherited_fd[i], buf, sizeof buf, 0) : 0;
+        n = n < 0 ? -1 : n;  /* one read: each file is generated whole, and small */
         h = (h ^ (uint64_t)n) * 1099511628211ULL;
-        for (size_t k = 0; k < n; k++)
+        for (ssize_t k = 0; k < n; k++)
             h = (h ^ (unsigned char)buf[k]) * 1099511628211ULL;
     }
     in->proc_hash = h;
 }
 
-/* After a run: exit if something of ours that a leader inherits was changed. */
-static void exit_if_changed(struct sup *s)
+/* At our start: open the files for good and take the values. */
+static void inherited_start(struct sup *s)
+{
+    static const char *const names[INHERITED_FILES] = {
+        "/proc/self/oom_score_adj", "/proc/self/coredump_filter", "/proc/self/cgroup"};
+    for (int i = 0; i < INHERITED_FILES; i++)
+        s->inherited_fd[i] = open(names[i], O_RDONLY | O_CLOEXEC);  /* -1: not followed */
+    inherited_read(s, &s->start);
+}
+
+/* At a run's end: whether something of ours that a leader inherits was changed. */
+static int inherited_changed(const struct sup *s)
 {
     struct inherited now;
-    inherited_read(&now);
-    if (memcmp(&now, &s->start, sizeof now) != 0)
-        _exit(0);
+    inherited_read(s, &now);
+    return memcmp(&now, &s->start, sizeof now) != 0;
 }
 
 /* ---- the leader's start -------------------------------------------------------- */
@@ -429,7 +443,7 @@ static void finish_alone(struct sup *s)
     (void)reap_one(s, s->leader, 0, &status);
     end_start(s);
     m.status = status;
-    m.reusable = 1;
+    m.reusable = !inherited_changed(s);
     m.utime_us = s->utime_us;
     m.stime_us = s->stime_us;
     m.maxrss_kb = s->maxrss_kb;
@@ -437,7 +451,8 @@ static void finish_alone(struct sup *s)
     s->exited = 0;
     send_msg(s, &m);
     release_held(s);
-    exit_if_changed(s);
+    if (!m.reusable)
+        _exit(0);  /* changed by the run: never reuse us */
 }
 
 /* Signal the leader's group (while the leader is unreaped) and every
@@ -720,7 +735,7 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
         left = refused >= 0 ? refused : left > 0 ? left : 1;
     }
     m.unkilled = (int32_t)left + unkillable;
-    m.reusable = found == 0 && !unkillable;
+    m.reusable = found == 0 && !unkillable && !inherited_changed(s);
     m.backstop = s->backstop_hit;
     m.utime_us = s->utime_us;
     m.stime_us = s->stime_us;
@@ -730,9 +745,8 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
     if (report)
         send_msg(s, &m);
     release_held(s);
-    if (found > 0 || unkillable)
-        _exit(0);  /* something of this run lives on, or is still dying: never reuse us */
-    exit_if_changed(s);
+    if (!m.reusable)
+        _exit(0);  /* something of this run lives on, is still dying or changed us */
 }
 
 /* ---- one run ----------------------------------------------------------------- */
@@ -1202,7 +1216,7 @@ int main(int argc, char **argv)
 #endif
     s.proc_ok = proc_is_ours(s.self);
     s.kids_fd = -1;  /* opened at the first need (list_children) */
-    inherited_read(&s.start);
+    inherited_start(&s);
     send_simple(&s, BP_MSG_HELLO, (int)s.self, stage, err);
     if (stage != 0)
         return 1;
