@@ -317,8 +317,8 @@ static void release_held(struct sup *s)
  *
  * Before FINAL, not after it: FINAL wakes the core on our CPU (a socket's wakeup
  * expects the sender to sleep next), and a look after it kept the core waiting
- * for the CPU, 35 us a run, where the look itself costs under 10 (the files are
- * held open: their open and close cost twice their read).
+ * for the CPU, 35 us a run, where the look itself costs about 12 us (with the
+ * files held open: opened and closed each time, 33; benchmarks/README.md).
  */
 static void inherited_read(const struct sup *s, struct inherited *in)
 {
@@ -341,8 +341,8 @@ static void inherited_read(const struct sup *s, struct inherited *in)
     uint64_t h = 14695981039346656037ULL;  /* FNV-1a over the files, each with its length */
     for (int i = 0; i < INHERITED_FILES; i++) {
         char buf[4096];
+        /* One read: each file is small, and generated whole for a read at 0. */
         ssize_t n = s->inherited_fd[i] >= 0 ? pread(s->inherited_fd[i], buf, sizeof buf, 0) : 0;
-        n = n < 0 ? -1 : n;  /* one read: each file is generated whole, and small */
         h = (h ^ (uint64_t)n) * 1099511628211ULL;
         for (ssize_t k = 0; k < n; k++)
             h = (h ^ (unsigned char)buf[k]) * 1099511628211ULL;
