@@ -85,6 +85,7 @@ struct inherited {
     cpu_set_t affinity[8192 / CPU_SETSIZE];  /* as sup.c's struct bp_origin */
     uint32_t sched[14];   /* struct sched_attr: policy, flags, nice, priority */
     long ioprio, slack;
+    long session_keyring; /* its id (KEYCTL_SESSION_TO_PARENT replaces ours); -1: none */
     uint64_t proc_hash;   /* over oom_score_adj, coredump_filter and cgroup, as read */
 };
 
@@ -305,10 +306,13 @@ static void release_held(struct sup *s)
 
 /*
  * A leader inherits our resource limits, scheduling policy and nice value, CPU
- * mask, I/O priority, timer slack, OOM score adjustment, core dump filter and
- * cgroup.  A process of a run can change each of ours from outside: it runs as
- * our user (or as root), and $PPID names us (prlimit, renice, chrt, taskset,
- * ionice, /proc/$PPID/oom_score_adj or timerslack_ns, a cgroup's cgroup.procs).
+ * mask, I/O priority, timer slack, session keyring, OOM score adjustment, core
+ * dump filter and cgroup.  A process of a run can change each of ours from
+ * outside: it runs as our user (or as root), and $PPID names us (prlimit,
+ * renice, chrt, taskset, ionice, keyctl's KEYCTL_SESSION_TO_PARENT,
+ * /proc/$PPID/oom_score_adj or timerslack_ns, a cgroup's cgroup.procs).  The
+ * rest of our state only we can change, or a tracer: we are not dumpable (main),
+ * so a command of our user cannot trace us, write our memory or take our fds.
  * Every later command would then start with the change, a hostile check's
  * `prlimit --pid $PPID --fsize=0` failing the honest checks after it.  The core
  * compares only its own thread's values (sup.c, struct bp_origin), so we take
@@ -338,6 +342,10 @@ static void inherited_read(const struct sup *s, struct inherited *in)
     in->ioprio = syscall(SYS_ioprio_get, 1 /* IOPRIO_WHO_PROCESS */, 0);
 #endif
     in->slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+#ifdef SYS_keyctl
+    in->session_keyring = syscall(SYS_keyctl, 0 /* KEYCTL_GET_KEYRING_ID */,
+                                  -3 /* KEY_SPEC_SESSION_KEYRING */, 0);
+#endif
     uint64_t h = 14695981039346656037ULL;  /* FNV-1a over the files, each with its length */
     for (int i = 0; i < INHERITED_FILES; i++) {
         char buf[4096];
@@ -1201,6 +1209,12 @@ int main(int argc, char **argv)
         stage = BP_STAGE_PRCTL;
         err = errno;
     }
+    /* Not dumpable: a command of our user (our $PPID's child, running as we do) could
+     * otherwise ptrace us, write /proc/$PPID/mem or take our fds (pidfd_getfd), and so
+     * run code in the process that starts every later command, or change what it shares
+     * with the caller (the cwd and umask).  Root keeps CAP_SYS_PTRACE; each leader's
+     * exec makes it dumpable again as any program is. */
+    (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (getppid() != s.caller)
         return 0;  /* the calling thread is already gone */
     /* A process group of our own: a SIGKILL of the caller's whole group (`kill -9

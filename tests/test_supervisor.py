@@ -686,6 +686,8 @@ def test_reuse_across_8_threads() -> None:
 # check's `prlimit --pid $PPID`, `renice`, `taskset -p` or a write to
 # /proc/$PPID/oom_score_adj.  Each entry: the change (PPID is the supervisor), and a probe
 # of what a command inherits, printed.
+_KEYCTL = ("import ctypes, os; nr = {'x86_64': 250, 'aarch64': 219}[os.uname().machine]; "
+           "sc = ctypes.CDLL(None).syscall; sc.restype = ctypes.c_long; ")
 _CHANGES_TO_THE_PARENT = {
     "rlimit": (("import os, resource; "
                 "resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (64, 64))"),
@@ -699,6 +701,11 @@ _CHANGES_TO_THE_PARENT = {
                        "f = pathlib.Path(f'/proc/{os.getppid()}/oom_score_adj'); "
                        "f.write_text(str(int(f.read_text()) + 100))"),
                       "print(open('/proc/self/oom_score_adj').read().strip())"),
+    # keyctl(KEYCTL_JOIN_SESSION_KEYRING, "bp-planted"), then KEYCTL_SESSION_TO_PARENT;
+    # the probe prints its session keyring's id (KEYCTL_GET_KEYRING_ID).
+    "session_keyring": ((_KEYCTL + "assert sc(nr, 1, b'bp-planted', 0, 0, 0) >= 0; "
+                         "assert sc(nr, 18, 0, 0, 0, 0) == 0"),
+                        _KEYCTL + "print(sc(nr, 0, -3, 0, 0, 0))"),
 }
 
 
@@ -717,6 +724,8 @@ def test_a_command_that_changes_its_supervisor_does_not_change_the_next_command(
         pytest.skip("one CPU: a mask of one changes nothing")
     if change == "oom_score_adj" and not os.path.exists("/proc/self/oom_score_adj"):
         pytest.skip("no /proc")
+    if change == "session_keyring" and not _keyrings_here():
+        pytest.skip("no keyctl here (another architecture, or refused)")
     cmds = [[sys.executable, "-c", probe], [sys.executable, "-c", set_it],
             [sys.executable, "-c", probe], [sys.executable, "-c", probe]]
     for _ in range(3):
@@ -725,9 +734,38 @@ def test_a_command_that_changes_its_supervisor_does_not_change_the_next_command(
         else:
             from boundedproc import run_many
             results = list(run_many(cmds, jobs=1, timeout=30))
-        assert all(r.ok for r in results), results
+        # The change itself may be refused (not root: the supervisor is not dumpable, so
+        # its /proc files are root's); the probes must see none either way.
+        assert all(r.ok for r in results[::2] + results[3:]), results
+        assert results[1].ok or os.geteuid() != 0, results[1]
         before, after, later = (r.stdout for r in results[::2] + results[3:])
         assert before and (after, later) == (before, before), (change, how, before, after, later)
+
+
+def _keyrings_here() -> bool:
+    import ctypes
+    nr = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+    if nr is None:
+        return False
+    sc = ctypes.CDLL(None).syscall
+    sc.restype = ctypes.c_long
+    return bool(sc(nr, 0, -3, 0, 0, 0) >= 0)
+
+
+def test_a_command_of_the_supervisors_user_cannot_trace_it() -> None:
+    """A contained command runs as its supervisor's user, and could ptrace it, write its
+    memory through /proc/$PPID/mem or take its fds: run code in the process that starts
+    every later command (and shares the caller's cwd and umask).  The supervisor is not
+    dumpable, so a command of its (non-root) user may do none of that."""
+    # (a shell: this test's interpreter may be closed to nobody)
+    probe = "if (exec 3</proc/$PPID/mem); then echo opened; else echo refused; fi"
+    data = as_nobody(textwrap.dedent(f"""
+        from boundedproc import run
+        r = run(["sh", "-c", {probe!r}], timeout=30)
+        out = {{"ok": r.ok, "stdout": r.stdout.decode().strip(), "err": r.stderr.decode()}}
+    """))
+    assert data["ok"], data
+    assert data["stdout"] == "refused" and "Permission denied" in data["err"], data
 
 
 def test_supervisor_killed_between_runs() -> None:
