@@ -310,14 +310,14 @@ static void release_held(struct sup *s)
  * dump filter and cgroup.  A process of a run can change each of ours from
  * outside: it runs as our user (or as root), and $PPID names us (prlimit,
  * renice, chrt, taskset, ionice, keyctl's KEYCTL_SESSION_TO_PARENT,
- * /proc/$PPID/oom_score_adj or timerslack_ns, a cgroup's cgroup.procs).  The
- * rest of our state only we can change, or a tracer: we are not dumpable (main),
- * so a command of our user cannot trace us, write our memory or take our fds.
+ * /proc/$PPID/oom_score_adj or timerslack_ns, a cgroup's cgroup.procs).
  * Every later command would then start with the change, a hostile check's
  * `prlimit --pid $PPID --fsize=0` failing the honest checks after it.  The core
  * compares only its own thread's values (sup.c, struct bp_origin), so we take
  * ours at our start and look again at the end of each run, before FINAL, which
- * then says we may not be reused (and we exit).
+ * then says we may not be reused (and we exit).  The rest of our state only we
+ * can change, or a tracer: we are not dumpable (main), so a command of our user
+ * cannot trace us, write our memory or take our fds.
  *
  * Before FINAL, not after it: FINAL wakes the core on our CPU (a socket's wakeup
  * expects the sender to sleep next), and a look after it kept the core waiting
