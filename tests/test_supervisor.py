@@ -690,7 +690,8 @@ def test_reuse_across_8_threads() -> None:
 # check's `prlimit --pid $PPID`, `renice`, `taskset -p` or a write to
 # /proc/$PPID/oom_score_adj.  Each entry: the change (PPID is the supervisor), and a probe
 # of what a command inherits, printed.
-_KEYCTL = ("import ctypes, os; nr = {'x86_64': 250, 'aarch64': 219}[os.uname().machine]; "
+_KEYCTL_NR = {"x86_64": 250, "aarch64": 219}  # the keyctl system call's number
+_KEYCTL = (f"import ctypes, os; nr = {_KEYCTL_NR!r}[os.uname().machine]; "
            "sc = ctypes.CDLL(None).syscall; sc.restype = ctypes.c_long; ")
 _CHANGES_TO_THE_PARENT = {
     "rlimit": (("import os, resource; "
@@ -748,7 +749,7 @@ def test_a_command_that_changes_its_supervisor_does_not_change_the_next_command(
 
 def _keyrings_here() -> bool:
     import ctypes
-    nr = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+    nr = _KEYCTL_NR.get(os.uname().machine)
     if nr is None:
         return False
     sc = ctypes.CDLL(None).syscall
