@@ -15,6 +15,15 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#ifdef __linux__
+#include <limits.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "boundedproc.h"
 
 #include <sys/socket.h>
@@ -177,6 +186,40 @@ int bp__sup_usable(const struct bp_sup *sup, int what);
  * over, hold the pipes until the kernel is done with the leader). */
 #define BP_DRAIN_LET_GO_NS 3000000000LL
 #ifdef __linux__
+/* What a child inherits from the thread that starts it and another process can
+ * change from outside (prlimit, taskset, chrt or renice, ionice): the core reads
+ * its calling thread's (sup.c, struct bp_origin) and the supervisor its own
+ * (supervisor.c, struct inherited), each to compare with what it read before. */
+struct bp_sched_state {
+    struct rlimit limits[RLIM_NLIMITS];
+    cpu_set_t affinity[8192 / CPU_SETSIZE];  /* the CPU mask: room for 8,192 CPUs, the
+                                              * most any kernel configures (with less than
+                                              * its possible CPUs the kernel refuses to
+                                              * fill it) */
+    uint32_t sched[14];     /* struct sched_attr (56 bytes): policy, flags, nice, priority */
+    long ioprio;
+};
+
+static inline void bp__sched_state_read(struct bp_sched_state *st)
+{
+    memset(st, 0, sizeof *st);  /* compared with memcmp: no stale bytes */
+    for (int r = 0; r < RLIM_NLIMITS; r++) {
+#if defined(SYS_getrlimit) && ULONG_MAX == UINT64_MAX
+        /* The old call: less than half prlimit64's cost here (no pid lookup). */
+        (void)syscall(SYS_getrlimit, r, &st->limits[r]);
+#else
+        (void)getrlimit(r, &st->limits[r]);
+#endif
+    }
+    (void)syscall(SYS_sched_getaffinity, 0, sizeof st->affinity, st->affinity);
+#ifdef SYS_sched_getattr
+    (void)syscall(SYS_sched_getattr, 0, st->sched, sizeof st->sched, 0);
+#endif
+#ifdef SYS_ioprio_get
+    st->ioprio = syscall(SYS_ioprio_get, 1 /* IOPRIO_WHO_PROCESS */, 0);
+#endif
+}
+
 int bp__proc_stat(const char *name, char *state, int *ppid, int *pgrp, unsigned *flags);
 int bp__proc_exiting(char state, unsigned flags);
 int bp__proc_exiting_child(pid_t pid, pid_t parent);

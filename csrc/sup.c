@@ -81,13 +81,8 @@ struct bp_origin {
     int seccomp_filters;    /* in filter mode: how many (a caller may add more), else 0 */
     /* The rest (BP_ORIGIN_ALL): the thread's own pool, which lives as long as
      * the thread; run_many's workers start theirs for one call. */
-    int personality, ioprio;
-    struct rlimit limits[RLIM_NLIMITS];
-    cpu_set_t affinity[8192 / CPU_SETSIZE];  /* the CPU mask: room for 8,192 CPUs, the
-                                              * most any kernel configures (with less than
-                                              * its possible CPUs the kernel refuses to
-                                              * fill it) */
-    uint32_t sched[14];     /* struct sched_attr (56 bytes): policy, flags, nice, priority */
+    int personality;
+    struct bp_sched_state sched;  /* limits, CPU mask, policy and nice, I/O priority */
 };
 #define ORIGIN_WHO_SIZE offsetof(struct bp_origin, personality)
 #endif
@@ -369,17 +364,7 @@ static void origin_read(struct bp_origin *o, int what)
     if (what == BP_ORIGIN_WHO)
         return;
     o->personality = personality(0xffffffff);
-    o->ioprio = (int)syscall(SYS_ioprio_get, 1 /* IOPRIO_WHO_PROCESS */, 0);
-    for (int r = 0; r < RLIM_NLIMITS; r++) {
-#if defined(SYS_getrlimit) && ULONG_MAX == UINT64_MAX
-        /* The old call: less than half prlimit64's cost here (no pid lookup). */
-        (void)syscall(SYS_getrlimit, r, &o->limits[r]);
-#else
-        (void)getrlimit(r, &o->limits[r]);
-#endif
-    }
-    (void)syscall(SYS_sched_getaffinity, 0, sizeof o->affinity, o->affinity);
-    (void)syscall(SYS_sched_getattr, 0, o->sched, sizeof o->sched, 0);
+    bp__sched_state_read(&o->sched);
 }
 
 /*

@@ -81,10 +81,8 @@
 /* What every leader inherits from us and a process of a run can change in us from
  * outside ("What a leader inherits from us", below). */
 struct inherited {
-    struct rlimit limits[RLIM_NLIMITS];
-    cpu_set_t affinity[8192 / CPU_SETSIZE];  /* as sup.c's struct bp_origin */
-    uint32_t sched[14];   /* struct sched_attr: policy, flags, nice, priority */
-    long ioprio, slack;
+    struct bp_sched_state sched;  /* limits, CPU mask, policy and nice, I/O priority */
+    long slack;
     long session_keyring; /* its id (KEYCTL_SESSION_TO_PARENT replaces ours); -1: none */
     uint64_t proc_hash;   /* over oom_score_adj, coredump_filter and cgroup, as read */
 };
@@ -327,20 +325,7 @@ static void release_held(struct sup *s)
 static void inherited_read(const struct sup *s, struct inherited *in)
 {
     memset(in, 0, sizeof *in);
-    for (int r = 0; r < RLIM_NLIMITS; r++) {
-#if defined(SYS_getrlimit) && ULONG_MAX == UINT64_MAX
-        (void)syscall(SYS_getrlimit, r, &in->limits[r]);  /* no pid lookup (sup.c) */
-#else
-        (void)getrlimit(r, &in->limits[r]);
-#endif
-    }
-    (void)syscall(SYS_sched_getaffinity, 0, sizeof in->affinity, in->affinity);
-#ifdef SYS_sched_getattr
-    (void)syscall(SYS_sched_getattr, 0, in->sched, sizeof in->sched, 0);
-#endif
-#ifdef SYS_ioprio_get
-    in->ioprio = syscall(SYS_ioprio_get, 1 /* IOPRIO_WHO_PROCESS */, 0);
-#endif
+    bp__sched_state_read(&in->sched);
     in->slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
 #ifdef SYS_keyctl
     in->session_keyring = syscall(SYS_keyctl, 0 /* KEYCTL_GET_KEYRING_ID */,
