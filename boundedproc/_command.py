@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Union
 
@@ -59,6 +60,11 @@ def argv_of(cmd: object, shell: object) -> list[bytes]:
             raise UnencodableArgv(err, [shell_prog, "-c", cmd]) from None
     if isinstance(cmd, (bytes, bytearray, memoryview)):
         raise TypeError("cmd must be a str (with a shell) or a sequence of arguments, not bytes")
+    if isinstance(cmd, (AbstractSet, Mapping)):
+        # Iterable, but in no order the caller chose: the program would be whichever entry
+        # the hash order puts first.
+        raise TypeError("cmd must be a str (with a shell) or a sequence of arguments, "
+                        f"not the unordered {type(cmd).__name__}")
     if isinstance(cmd, (list, tuple, Sequence)) or hasattr(cmd, "__iter__"):
         if shell_prog is not None:
             raise ValueError("an argument vector runs without a shell: "

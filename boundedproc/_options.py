@@ -452,6 +452,9 @@ def _validate(*, timeout: object, max_output: object, on_overflow: object, stdin
             payload = stdin.encode("utf-8")
         except UnicodeEncodeError as err:
             unencodable = Unencodable("stdin", stdin, err).why
+            # Never written (the run spawns nothing), but a payload there was: the result's
+            # stdin_delivered is False, as for any payload of a run that did not start.
+            payload = stdin.encode("utf-8", "surrogatepass")
     elif isinstance(stdin, (bytes, bytearray, memoryview)):
         payload = bytes(stdin)
     elif stdin is DEVNULL:

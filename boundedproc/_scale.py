@@ -77,6 +77,7 @@ import time
 import types
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
@@ -168,8 +169,11 @@ def _async_executor() -> IdlePool:
 
 
 def _one_shot(cmd: Any) -> Any:
-    """``cmd``, with a one-shot iterable turned into a list, since it is read twice."""
-    if isinstance(cmd, (str, bytes, bytearray, memoryview, Sequence)):
+    """``cmd``, with a one-shot iterable turned into a list, since it is read twice.
+
+    A set or a mapping is kept as it is, for ``run()``'s ``TypeError`` (no order).
+    """
+    if isinstance(cmd, (str, bytes, bytearray, memoryview, Sequence, AbstractSet, Mapping)):
         return cmd
     if hasattr(cmd, "__iter__"):
         return list(cmd)

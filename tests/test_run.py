@@ -636,6 +636,9 @@ def test_lone_surrogates_are_returned_not_raised(cmd: object, kwargs: dict[str, 
     assert r.runner_error.startswith(f"not spawned: {what} contains a lone surrogate"), \
         r.runner_error
     assert r.args  # what would have run, for the report
+    # SPEC 2.3: "there was no payload, or all of it was written": a payload that could
+    # not be encoded was never written.
+    assert r.stdin_delivered is ("stdin" not in kwargs)
 
 
 def test_e2big_is_returned() -> None:
@@ -652,6 +655,10 @@ def test_e2big_is_returned() -> None:
     ([], {}, ValueError),
     (b"echo", {}, TypeError),
     (["echo", 3], {}, TypeError),
+    ({"echo", "hi"}, {}, TypeError),  # unordered: which entry is the program?
+    (frozenset({"true"}), {}, TypeError),
+    ({"echo": 0, "hi": 0}, {}, TypeError),
+    ({"echo": 0}.keys(), {}, TypeError),
     (["true"], {"timeout": -1}, ValueError),
     (["true"], {"timeout": float("nan")}, ValueError),
     (["true"], {"timeout": "1"}, TypeError),

@@ -317,6 +317,17 @@ def test_run_many_rejects_bad_options_before_reading_input() -> None:
     assert taken == []
 
 
+@pytest.mark.parametrize("unordered", [{"true", "x"}, {"true": 1}], ids=["set", "dict"])
+def test_run_many_an_unordered_command_is_a_caller_bug_in_its_turn(unordered: object) -> None:
+    """A set or a dict as a command is run()'s TypeError (which entry would be the program?),
+    raised in its turn, plain or as a Job's command, never run in hash order."""
+    for cmds in ([["true"], unordered], [["true"], Job(unordered)]):  # type: ignore[arg-type]
+        it = run_many(cmds, jobs=2, timeout=30)
+        assert next(it).ok
+        with pytest.raises(TypeError, match="unordered"):
+            next(it)
+
+
 def test_run_many_bad_command_raises_at_its_position(tmp_path: Path) -> None:
     """A caller bug in one command raises in its turn: earlier results first, nothing later runs."""
     marker = tmp_path / "later-ran"
