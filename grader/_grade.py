@@ -685,10 +685,12 @@ class DuplicateMarker:
         """
         if key is None:
             return grade
-        first = self._first_seen.setdefault((key, grade.verdict), claim_id)
-        if first == claim_id:
+        seen = (key, grade.verdict)
+        if seen not in self._first_seen:  # the first: also when a later one has its id
+            self._first_seen[seen] = claim_id
             return grade
-        return Grade(grade.verdict, grade.reason, grade.note, duplicate_of=first)
+        return Grade(grade.verdict, grade.reason, grade.note,
+                     duplicate_of=self._first_seen[seen])
 
 
 def grade_claims(claims: Iterable[Claim], *, executor: Executor | None = None) -> list[Grade]:

@@ -597,6 +597,17 @@ def test_grade_claims_flags_later_duplicates() -> None:
     assert all(g.verdict is Verdict.VERIFIED for g in grades)
 
 
+def test_grade_claims_flags_a_later_duplicate_that_reuses_the_first_ones_id() -> None:
+    """SPEC 3.4: "a later claim ... gets duplicate_of the first one's id", also when the
+    later claim carries that same id (a report that numbers its claims twice)."""
+    claims = [
+        claim("a", "six rows", ev(), ran("6")),
+        claim("b", "six rows", ev(), ran("6")),
+        claim("a", "six rows", ev(), ran("6")),
+    ]
+    assert [g.duplicate_of for g in grade_claims(claims)] == [None, "a", "a"]
+
+
 def test_grade_claims_does_not_flag_different_claims() -> None:
     """A different title, check, expectation or verdict is not a duplicate."""
     claims = [
