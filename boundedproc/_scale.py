@@ -832,6 +832,11 @@ def _many(source: Iterator[Command | Job], jobs: int, progress: bool, total: int
           options: dict[str, Any]) -> Generator[Any, None, None]:
     # Runs at the first next(): an iterator never started spawns, draws, holds nothing.
     bar = _progress_bar(total) if progress else None
+    # No more workers than RLIMIT_NOFILE leaves room for: each holds a supervisor, and
+    # past that room the supervisors would leave no fd for any run (batch.c).  The read-
+    # ahead window follows the workers there are, not the jobs asked for (jobs=10**9
+    # must not draw 8 * 10**9 commands), and the core takes an int.
+    jobs = _native.lib.bp_jobs_within_fd_limit(min(jobs, _MAX_JOBS))
     try:
         batch = _new_batch(jobs, WINDOW_PER_JOB * jobs) if _batchable(options) else None
         if batch is not None:
@@ -863,6 +868,8 @@ def _new_batch(jobs: int, window: int) -> _native.Batch | None:
     except (OSError, MemoryError):
         return None
 
+
+_MAX_JOBS = 2**31 - 1  # the core's int
 
 # Commands taken from the input ahead of the consumer, per job: running, queued, or
 # finished and waiting their turn.  Results are yielded in input order, so one slow
@@ -1110,10 +1117,7 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
     # Its own workers, not a ThreadPoolExecutor: a command costs a queue put and get
     # and a lock, not a Future with its condition variable, and every microsecond of
     # Python here holds the GIL that the other workers' runs need (B9).
-    window = WINDOW_PER_JOB * jobs
-    # No more workers than RLIMIT_NOFILE leaves room for: each thread holds a supervisor,
-    # and past that room the supervisors would leave no fd for any run (batch.c).
-    jobs = _native.lib.bp_jobs_within_fd_limit(jobs)
+    window = WINDOW_PER_JOB * jobs  # jobs: already within the fd limit (_many)
     # One switch for every run of this call, set on early close; None while the process
     # has no fds for it (EMFILE): asked for again before each command, which is refused
     # until it exists (as in _many_batch).

@@ -691,17 +691,21 @@ static long open_fds(void)
 
 /*
  * The workers that RLIMIT_NOFILE leaves room for, at most `jobs`: under a low
- * limit (ulimit -n 256 and jobs=64), workers past it would hold supervisors
- * that leave no fd for any run's pipes, and every run would wait for fds
- * (wait_for_fds) until it came back EMFILE.  Counted only when the limit is
- * near (jobs * FDS_A_WORKER + 64 past it).  run_many's Python workers, whose
- * threads hold supervisors too, are capped by it as well (_scale.py).
+ * limit (ulimit -n 256 and jobs=64), or with most of the limit already open
+ * (1,000 of 1,024), workers past it would hold supervisors that leave no fd
+ * for any run's pipes, and every run would wait for fds (wait_for_fds) until
+ * it came back EMFILE.  The open fds are counted (one read of /proc/self/fd,
+ * about 20 us with a few dozen open) unless the limit is past 65,536 and the
+ * workers would need under half of it: there a caller has rarely opened the
+ * rest, and the count would read what may be a very long list.  run_many's
+ * Python workers, whose threads hold supervisors too, are capped by it as well
+ * (_scale.py).
  */
 int bp_jobs_within_fd_limit(int jobs)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY
-        || (rlim_t)jobs * FDS_A_WORKER + 64 <= rl.rlim_cur)
+        || (rl.rlim_cur > 65536 && (rlim_t)jobs * FDS_A_WORKER + 64 <= rl.rlim_cur / 2))
         return jobs;
     long open = open_fds();
     long room = ((long)rl.rlim_cur - (open >= 0 ? open : 16)) / FDS_A_WORKER;
@@ -724,7 +728,7 @@ int bp_batch_new(int jobs, const char *sup_path, char *const *sup_envp, struct b
     b->notify[0] = b->notify[1] = -1;
     b->timer = -1;
     b->sup_path = sup_path != NULL ? strdup(sup_path) : NULL;
-    b->sups = calloc((size_t)jobs, sizeof *b->sups);
+    b->sups = calloc((size_t)b->jobs, sizeof *b->sups);
     if ((sup_path != NULL && b->sup_path == NULL) || b->sups == NULL)
         goto fail;
 #ifdef __linux__

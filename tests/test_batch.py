@@ -599,6 +599,31 @@ def test_fds_the_caller_takes_mid_batch_delay_runs_instead_of_failing_them(
     assert got["bad"] == [], got
 
 
+MOSTLY_OPEN = """
+import json, os, resource, sys
+from boundedproc import run_many
+free, contain, tmpdir = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "python"
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = [os.open("/dev/null", os.O_RDONLY)
+        for _ in range(1024 - free - (len(os.listdir("/proc/self/fd")) - 1))]
+rs = list(run_many([["echo", str(i)] for i in range(20)], jobs=4, contain=contain,
+                   timeout=30, tmpdir=tmpdir))
+print(json.dumps({"bad": [r.runner_error for r in rs if not r.ok],
+                  "out": [r.stdout.strip() for r in rs] == [str(i).encode() for i in range(20)]}))
+"""
+
+
+@pytest.mark.parametrize("workers", ["core", "python"])
+@pytest.mark.parametrize("contain", [True, False])
+def test_a_limit_mostly_open_already_runs_every_job_instead_of_failing_them(
+        contain: bool, workers: str) -> None:
+    """1,010 of 1,024 fds open before the call: run_many(jobs=4) failed most of 20 `echo`s
+    with EMFILE (the workers were capped only when jobs alone came near the limit, so four
+    supervisors took the fds every run needed). The open fds are counted now."""
+    got = _script_json(MOSTLY_OPEN, 14, int(contain), workers)
+    assert got == {"bad": [], "out": True}, got
+
+
 EMFILE_ALONE = """
 import json, os, resource, time
 from boundedproc import run_many

@@ -328,6 +328,39 @@ def test_run_many_an_unordered_command_is_a_caller_bug_in_its_turn(unordered: ob
             next(it)
 
 
+HUGE_JOBS = """
+import json, resource, sys
+from boundedproc import run_many
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+jobs, drawn = int(sys.argv[1]), 0
+def endless():
+    global drawn
+    while True:
+        drawn += 1
+        yield ["true"]
+it = run_many(endless(), jobs=jobs, timeout=30)
+ok = all(next(it).ok for _ in range(50))
+it.close()
+two = [r.stdout for r in run_many([["echo", "a"], ["echo", "b"]], jobs=jobs)]
+print(json.dumps({"ok": ok, "drawn": drawn, "two": two == [b"a\\n", b"b\\n"]}))
+"""
+
+
+@pytest.mark.parametrize("jobs", [2**31, 10**30])
+def test_run_many_takes_jobs_past_any_int_and_reads_ahead_by_the_workers_it_has(
+        jobs: int) -> None:
+    """jobs=2**31 raised OverflowError at the first next() (the core takes an int), and a
+    window of 8 * jobs commands would draw an endless source without end: jobs is capped by
+    what the fd limit leaves room for (256 here: at most 32 workers), and the read-ahead by
+    the workers there are."""
+    done = subprocess.run([PY, "-c", HUGE_JOBS, str(jobs)], env=importable_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["ok"] and got["two"], got
+    assert got["drawn"] <= 8 * 32 + 50, got
+
+
 def test_run_many_bad_command_raises_at_its_position(tmp_path: Path) -> None:
     """A caller bug in one command raises in its turn: earlier results first, nothing later runs."""
     marker = tmp_path / "later-ran"
