@@ -164,8 +164,9 @@ def _open_dir(parent: int, name: str, st: os.stat_result) -> int:
         now = os.fstat(fd)
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             raise OSError(errno.ESTALE, "replaced while it was being removed")
-        if stat.S_IMODE(now.st_mode) & stat.S_IRWXU != stat.S_IRWXU and os.geteuid() != 0:
-            # Listing needs r, lstat-ing entries x, unlinking them w.
+        if stat.S_IMODE(now.st_mode) & stat.S_IRWXU != stat.S_IRWXU:
+            # Listing needs r, lstat-ing entries x, unlinking them w.  Also as uid 0: one
+            # without CAP_DAC_OVERRIDE (docker --cap-drop=ALL) is checked as anyone is.
             os.fchmod(fd, stat.S_IMODE(now.st_mode) | stat.S_IRWXU)
     except BaseException:
         os.close(fd)

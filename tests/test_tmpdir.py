@@ -171,6 +171,35 @@ def test_remove_as_a_caller_without_privilege_fixes_modes_first() -> None:
     assert out == {"error": None, "exists": False}
 
 
+ROOT_WITHOUT_CAPS = """
+import json, os, subprocess, sys
+from boundedproc import run
+caps = [l for l in open("/proc/self/status") if l.startswith("CapEff:")][0].split()[1]
+r = run(["sh", "-c", sys.argv[1]], tmpdir=True, timeout=30)
+print(json.dumps({"uid": os.geteuid(), "caps": int(caps, 16), "ok": r.ok,
+                  "cleanup_error": r.cleanup_error, "out": r.stdout.decode().strip()}))
+"""
+
+
+@pytest.mark.skipif(not ROOT or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv (util-linux)")
+def test_a_root_caller_without_capabilities_removes_what_its_command_made_read_only(
+        ) -> None:
+    """uid 0 without CAP_DAC_OVERRIDE (`docker --cap-drop=ALL`, a bounded service) has
+    the permission checks of anyone: remove() took uid 0 for a caller that ignores modes
+    and left a `chmod 500` directory and the run directory behind (`cleanup_error`
+    EACCES). Modes are fixed by what fails, not by the uid."""
+    done = subprocess.run(
+        ["setpriv", "--bounding-set=-all", "--inh-caps=-all", PY, "-c", ROOT_WITHOUT_CAPS,
+         "pwd; mkdir a && touch a/f && chmod 500 a && chmod 500 ."],
+        env=importable_env(), capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert (got["uid"], got["caps"]) == (0, 0), got  # the setup this is about
+    assert got["ok"] and got["cleanup_error"] is None, got
+    assert not os.path.lexists(got["out"]), got
+
+
 @needs_root
 def test_remove_leaves_a_mount_inside_and_says_so() -> None:
     """A mount point inside the tree is never entered: its content stays, the failure is text."""
