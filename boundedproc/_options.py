@@ -449,12 +449,14 @@ def _validate(*, timeout: object, max_output: object, on_overflow: object, stdin
         pass
     elif isinstance(stdin, str):
         try:
-            payload = stdin.encode("utf-8")
-        except UnicodeEncodeError as err:
-            unencodable = Unencodable("stdin", stdin, err).why
+            # With surrogateescape, as argv, env and cwd: a str that os.fsdecode() or
+            # errors="surrogateescape" made gives back its bytes.
+            payload = text_entry(stdin, "stdin")
+        except Unencodable as err:
+            unencodable = err.why
             # Never written (the run spawns nothing), but a payload there was: the result's
             # stdin_delivered is False, as for any payload of a run that did not start.
-            payload = stdin.encode("utf-8", "surrogatepass")
+            payload = err.lossy
     elif isinstance(stdin, (bytes, bytearray, memoryview)):
         payload = bytes(stdin)
     elif stdin is DEVNULL:

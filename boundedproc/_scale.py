@@ -311,7 +311,7 @@ async def run_async(
         max_output: Bytes kept across stdout and stderr together; ``None`` for
             no cap. Default 16 MiB.
         on_overflow: Past the cap, ``"truncate"`` (the default) or ``"kill"``.
-        stdin: A payload (``str`` is UTF-8 encoded), ``None`` (the default:
+        stdin: A payload (``str`` is UTF-8 encoded, as argv), ``None`` (the default:
             EOF at once), ``DEVNULL`` or ``INHERIT``.
         cwd: Directory the child starts in; ``None`` (the default) for the
             caller's.
@@ -629,7 +629,7 @@ def run_many(
         max_output: Bytes kept across stdout and stderr together; ``None`` for
             no cap. Default 16 MiB.
         on_overflow: Past the cap, ``"truncate"`` (the default) or ``"kill"``.
-        stdin: A payload (``str`` is UTF-8 encoded), ``None`` (the default:
+        stdin: A payload (``str`` is UTF-8 encoded, as argv), ``None`` (the default:
             EOF at once), ``DEVNULL`` or ``INHERIT``.
         cwd: Directory the child starts in; ``None`` (the default) for the
             caller's.

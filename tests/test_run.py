@@ -641,6 +641,16 @@ def test_lone_surrogates_are_returned_not_raised(cmd: object, kwargs: dict[str, 
     assert r.stdin_delivered is ("stdin" not in kwargs)
 
 
+def test_a_str_payload_gives_back_the_bytes_surrogateescape_stands_for() -> None:
+    """U+DC80-U+DCFF in a str stand for the bytes 0x80-0xFF (os.fsdecode, a file read with
+    errors="surrogateescape"): argv, env and cwd give them back, and so does stdin. It was
+    `not spawned: stdin contains a lone surrogate (U+DCFF), which no bytes encode`."""
+    text = b"a\xff\xfeb".decode("utf-8", "surrogateescape")
+    r = run(["cat"], stdin=text)
+    assert r.ok and r.stdout == b"a\xff\xfeb", r
+    assert run(["printf", "%s", text]).stdout == b"a\xff\xfeb"
+
+
 def test_e2big_is_returned() -> None:
     """An argument over the kernel's limit is `spawn failed: E2BIG`, not an exception."""
     r = run(["echo", "x" * (1 << 20)])
