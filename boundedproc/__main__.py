@@ -19,7 +19,9 @@ from boundedproc._result import AnyResult
 from boundedproc._run import run
 from boundedproc._version import __version__
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
+# ASCII digits (\d would take any script's); a fraction only with a unit (no half byte).
+_SIZE = re.compile(r"^\s*([0-9]+|[0-9]+\.[0-9]+(?=\s*[KMG]))\s*([KMG]?)(?:i?B)?\s*$",
+                   re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
 

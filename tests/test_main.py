@@ -27,14 +27,16 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
 
 @pytest.mark.parametrize("text, expected", [
     ("1048576", 1048576), ("512K", 512 * 1024), ("16M", 16 << 20), ("2G", 2 << 30),
-    ("1k", 1024), ("3MiB", 3 << 20),
+    ("1k", 1024), ("3MiB", 3 << 20), ("1.5K", 1536),
 ])
 def test_parse_size(text: str, expected: int) -> None:
     """SIZE is bytes or a number with K, M or G in powers of 1024."""
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "abc", "-1", "1T", "1.5.2M"])
+@pytest.mark.parametrize("text", ["", "abc", "-1", "1T", "1.5.2M",
+                                  "\u0663",  # ARABIC-INDIC DIGIT THREE: \d, not a byte count
+                                  "1.5"])   # a fraction of a byte
 def test_parse_size_rejects(text: str) -> None:
     """Anything else is a usage error."""
     with pytest.raises(argparse.ArgumentTypeError):
