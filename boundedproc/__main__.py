@@ -154,6 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except _WriteFailed as failed:
             return _write_failed(failed)
     else:
+        if live is not None and live.mid_line and (
+                result.runner_error is not None or result.timed_out
+                or result.output_truncated or result.escaped):
+            _say("\n")  # the command's last line had no end: ours start their own
         if result.runner_error is not None:
             _say(f"boundedproc: {result.runner_error}\n")
         elif result.timed_out:
@@ -216,10 +220,15 @@ class _PassThrough:
     The core keeps the first ``max_output`` bytes across both streams in
     arrival order (``keep="head"``), and so does this: what is shown live is
     exactly what the ``Result`` holds, and the cap holds for it too.
+
+    ``mid_line``: the last byte shown on our stderr (or on stdout, where both are one
+    file, a terminal) was not a newline, so a note of ours starts a line of its own.
     """
 
     def __init__(self, cap: int | None) -> None:
         self.left = cap
+        self.mid_line = False
+        self.streams = (1, 2) if _same_file(1, 2) else (2,)
 
     def __call__(self, stream: int, chunk: bytes) -> None:
         if self.left is not None:
@@ -227,6 +236,15 @@ class _PassThrough:
             self.left -= len(chunk)
         if chunk:
             _emit(stream, chunk)
+            if stream in self.streams:
+                self.mid_line = not chunk.endswith(b"\n")
+
+
+def _same_file(a: int, b: int) -> bool:
+    try:
+        return os.path.samestat(os.fstat(a), os.fstat(b))
+    except OSError:
+        return False
 
 
 def _quiet(fd: int) -> None:

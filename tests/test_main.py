@@ -57,6 +57,16 @@ def test_deadline_is_124_and_kills_the_group() -> None:
     assert b"timed out" in p.stderr
 
 
+def test_a_note_starts_its_own_line_after_output_without_one() -> None:
+    """The command's stderr ended mid-line: our note began on it ("partialboundedproc:
+    timed out ..."). It gets a line of its own; stdout, another file, is left alone."""
+    p = cli("--timeout", "0.3", "--", "sh", "-c", "printf partial >&2; sleep 5")
+    assert p.returncode == 124
+    assert p.stderr == b"partial\nboundedproc: timed out after 0.3 s\n", p.stderr
+    p = cli("--timeout", "0.3", "--", "sh", "-c", "echo line >&2; printf out; sleep 5")
+    assert (p.stdout, p.stderr) == (b"out", b"line\nboundedproc: timed out after 0.3 s\n")
+
+
 def test_json_has_every_field() -> None:
     """--json prints the Result as one JSON object with every field."""
     p = cli("--json", "--", "sh", "-c", "printf 'a\\377'; exit 3")
