@@ -75,6 +75,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -1074,7 +1075,7 @@ class _Workers:
     were otherwise never told to stop, and waited for good.
     """
 
-    __slots__ = ("cut_short", "owner", "switch", "tasks", "threads")
+    __slots__ = ("__weakref__", "consumer", "cut_short", "owner", "switch", "tasks", "threads")
 
     def __init__(self, tasks: queue.SimpleQueue[_Task], switch: Cancel | None) -> None:
         self.tasks = tasks
@@ -1082,6 +1083,9 @@ class _Workers:
         self.threads: list[threading.Thread] = []
         self.cut_short = True  # until the call's consumer took every result
         self.owner = _forks
+        self.consumer = threading.get_ident()  # the thread that took a result last
+        _open_crews.add(self)
+        _close_abandoned_at_exit()
 
     def close(self) -> None:
         """End the workers (idempotent); a forked child's copy only lets go of its fds."""
@@ -1104,9 +1108,37 @@ class _Workers:
         switch, self.switch = self.switch, None
         if switch is not None:
             switch.close()
+        _open_crews.discard(self)
 
     def __del__(self) -> None:
         self.close()
+
+
+# The calls whose Python workers have not been ended, for _close_abandoned.
+_open_crews: weakref.WeakSet[_Workers] = weakref.WeakSet()
+_abandoned_registered = False
+
+
+def _close_abandoned() -> None:
+    """At interpreter exit, before non-daemon threads are joined: end the calls left open
+    by the main thread or by a thread that has ended (``it = run_many(...); next(it)`` at a
+    script's end).  Their workers are daemon threads, which stop running Python once the
+    interpreter finalizes: a run of theirs was then killed (the switch, the supervisor) but
+    its ``tmpdir`` never removed.  Ended here, each worker's run is cancelled and cleans
+    up as after any cancel.  A call that a running thread still consumes is left to it."""
+    running = {t.ident for t in threading.enumerate()} - {threading.main_thread().ident}
+    for crew in list(_open_crews):
+        if crew.owner == _forks and crew.consumer not in running:
+            with contextlib.suppress(Exception):
+                crew.close()
+
+
+def _close_abandoned_at_exit() -> None:
+    global _abandoned_registered
+    if not _abandoned_registered:
+        _abandoned_registered = True  # once: a forked child inherits the registration
+        with contextlib.suppress(RuntimeError):  # already shutting down: nothing to add
+            threading._register_atexit(_close_abandoned)  # type: ignore[attr-defined]
 
 
 def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
@@ -1175,6 +1207,7 @@ def _many_threads(source: Iterator[Any], jobs: int, bar: Any,
     def take(slot: _Slot) -> AnyResult:
         if _forks != crew.owner:  # its workers are the parent's: the slot would never be done
             raise RuntimeError("boundedproc: a run_many iterator cannot go on in a forked child")
+        crew.consumer = threading.get_ident()
         return slot.take()
 
     try:

@@ -349,6 +349,40 @@ def test_concurrent_runs_get_different_directories() -> None:
     assert not any(os.path.lexists(d) for d in dirs)
 
 
+LEFT_OPEN_AT_EXIT = """
+import sys, threading
+from boundedproc import run_many
+def consume():
+    it = run_many([["true"]] + [["sh", "-c", "echo $$; exec sleep 60"]] * 3, jobs=4,
+                  tmpdir=True, timeout=120)
+    next(it)
+    return it
+if sys.argv[1] == "main":
+    it = consume()
+else:  # left open by a thread that has ended
+    kept = []
+    t = threading.Thread(target=lambda: kept.append(consume()))
+    t.start()
+    t.join()
+import time; time.sleep(0.3)  # the sleeps have started
+"""
+
+
+@pytest.mark.parametrize("left_by", ["main", "thread"])
+def test_a_run_many_left_open_at_exit_removes_its_directories(tmp_path: Path,
+                                                               left_by: str) -> None:
+    """`it = run_many(..., tmpdir=True); next(it)` at a script's end: the runs in flight
+    were killed but their directories stayed (the daemon workers stop running Python once
+    the interpreter finalizes). The call is ended before that, as a cancel would."""
+    env = {**importable_env(), "TMPDIR": str(tmp_path)}
+    started = time.monotonic()
+    done = subprocess.run([PY, "-c", LEFT_OPEN_AT_EXIT, left_by], env=env,
+                          capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 30
+    assert os.listdir(tmp_path) == []
+
+
 def test_tmpdir_that_cannot_be_made_is_a_spawn_failure(monkeypatch: pytest.MonkeyPatch,
                                                        tmp_path: Path) -> None:
     """No place to make the directory: a 'spawn failed:' result naming it, nothing raised."""
