@@ -746,8 +746,9 @@ class _Slot:
 _Task = tuple[_Slot, Any, dict[str, Any]] | None
 
 
-# The runner_error of a run refused for want of fds (SPEC 2.1's stable prefix).
-_OUT_OF_FDS = ("spawn failed: EMFILE", "spawn failed: ENFILE")
+# The runner_error of a run refused for want of fds or of process slots (SPEC 2.1's stable
+# prefix): RLIMIT_NPROC counts the call's threads, supervisors and commands together.
+_OUT_OF_FDS = ("spawn failed: EMFILE", "spawn failed: ENFILE", "spawn failed: EAGAIN")
 
 
 class _FdShare:
@@ -759,7 +760,8 @@ class _FdShare:
     ``timeout`` and cancel switches, instead of coming back a spawn failure that
     a grader grades unrunnable.  With no other run of the call under way it is
     tried once more (the last one may have just ended), then EMFILE is its
-    result.  As the core's workers do (batch.c, ``wait_for_fds``)."""
+    result.  The same for out of process slots (EAGAIN) while its other commands run.
+    As the core's workers do (batch.c, ``wait_for_fds``)."""
 
     __slots__ = ("cv", "running", "waiting")
 

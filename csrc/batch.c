@@ -266,16 +266,18 @@ static int run_once(struct bp_batch *b, int index, struct bp_sup **sup, struct i
     return reused;
 }
 
-/* Whether the try found the process (or the system) out of fds, before
- * anything was spawned: its result is a spawn failure with no output (so the
- * run is already freed), or a supervisor that could not start. */
+/* Whether the try found the process (or the system) out of fds or out of
+ * process slots (EAGAIN: RLIMIT_NPROC, which the batch's threads, supervisors and
+ * commands all count against), before anything was spawned: its result is a
+ * spawn failure with no output (so the run is already freed), or a supervisor
+ * that could not start. */
 static int out_of_fds(const struct item *it)
 {
     const struct bp_batch_done *d = &it->done;
     int err = d->rc == BP_BATCH_NO_SUPERVISOR ? d->err
               : d->rc == BP_BATCH_DONE && d->run == NULL && !it->res->spawned ? it->res->err_errno
               : 0;
-    return err == EMFILE || err == ENFILE;
+    return err == EMFILE || err == ENFILE || err == EAGAIN;
 }
 
 /* How long a run out of fds waits for another run to end before it tries again. */
@@ -283,7 +285,9 @@ static int out_of_fds(const struct item *it)
 
 /*
  * Out of fds is the batch's own doing while its other runs hold theirs (about
- * six each while they start, three after: a low RLIMIT_NOFILE and many jobs).
+ * six each while they start, three after: a low RLIMIT_NOFILE and many jobs),
+ * and so is out of process slots while its other commands run (a low
+ * RLIMIT_NPROC: a user's threads and processes count together).
  * A run that finds it so waits, as a queued run waits for a worker, until
  * another run of the batch ends (or FD_WAIT_NS passed) and tries again, instead
  * of coming back a spawn failure that a grader would grade unrunnable (and

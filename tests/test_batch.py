@@ -29,6 +29,7 @@ import pytest
 from conftest import (
     TAKE_FDS,
     alive,
+    as_nobody,
     batch_threads,
     fork_with_threads,
     importable_env,
@@ -622,6 +623,37 @@ def test_a_limit_mostly_open_already_runs_every_job_instead_of_failing_them(
     supervisors took the fds every run needed). The open fds are counted now."""
     got = _script_json(MOSTLY_OPEN, 14, int(contain), workers)
     assert got == {"bad": [], "out": True}, got
+
+
+FEW_PROCESS_SLOTS = """
+from collections import Counter
+def tasks_of(uid):  # RLIMIT_NPROC counts the user's tasks: threads and processes
+    n = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                n += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            pass
+    return n
+now = tasks_of(os.getuid())
+resource.setrlimit(resource.RLIMIT_NPROC, (now + 10, now + 10))
+rs = list(boundedproc.run_many([["echo", str(i)] for i in range(20)], jobs=4, timeout=30,
+                               tmpdir=TMPDIR))
+out = dict(bad=dict(Counter(r.runner_error for r in rs if not r.ok)),
+           out=[r.stdout.strip() for r in rs] == [str(i).encode() for i in range(20)])
+"""
+
+
+@pytest.mark.parametrize("workers", ["core", "python"])
+def test_few_process_slots_delay_runs_instead_of_failing_them(workers: str) -> None:
+    """As nobody with 10 process slots left, run_many(jobs=4) failed 17 of 20 `echo`s with
+    `spawn failed: EAGAIN` (7 on Python workers), where run() ran them one by one: its four
+    threads and supervisors take 8 slots (RLIMIT_NPROC counts threads), and two commands
+    at a time fit in the rest. A run out of process slots now waits for another run of the
+    call to end, as a run out of fds does."""
+    got = as_nobody(FEW_PROCESS_SLOTS.replace("TMPDIR", str(workers == "python")), cwd="/tmp")
+    assert got == {"bad": {}, "out": True}, got
 
 
 EMFILE_ALONE = """
