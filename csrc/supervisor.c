@@ -119,6 +119,7 @@ struct sup {
     int leader_fd;        /* the leader's pidfd, until it is reaped; -1: none */
     int inherited_fd[INHERITED_FILES];  /* /proc/self's oom_score_adj, coredump_filter,
                                          * cgroup; -1: none */
+    int clear_refs_fd;    /* /proc/self/clear_refs, opened while we were dumpable; -1: none */
     struct inherited start;    /* as at our start */
 };
 
@@ -361,6 +362,51 @@ static int inherited_changed(const struct sup *s)
     return memcmp(&now, &s->start, sizeof now) != 0;
 }
 
+/*
+ * Signals a process sent us stay pending: every one is blocked, and only SIGCHLD
+ * and DEATH_SIGNAL are read (the signalfd).  Each counts against its user's
+ * RLIMIT_SIGPENDING, so a command that queued real-time signals to $PPID until
+ * the limit would have left every later command of that user (and the caller)
+ * unable to queue one (timer_create, sigqueue: EAGAIN) for as long as we live.
+ * At each run's end the pending ones are dropped: a pending signal set to
+ * SIG_IGN is discarded, all its queued instances with it.  One system call when
+ * none is pending.
+ */
+static void discard_pending(void)
+{
+#ifdef SYS_rt_sigpending
+    uint64_t pending = 0;  /* bit s-1: signal s (the kernel's sigset_t, 64 signals) */
+    if (syscall(SYS_rt_sigpending, &pending, sizeof pending) < 0 || pending == 0)
+        return;
+    for (int sig = 1; sig <= 64 && sig < NSIG; sig++) {
+        if (!((pending >> (sig - 1)) & 1) || sig == SIGCHLD || sig == DEATH_SIGNAL
+            || sig == SIGKILL || sig == SIGSTOP)
+            continue;
+        (void)bpc_ignore(sig);  /* raw: also the C library's own (32, 33) */
+        (void)bpc_default_action(sig);
+    }
+#endif
+}
+
+/* What every run's end looks at, before FINAL: whether we may serve another run. */
+static int run_end_reusable(const struct sup *s)
+{
+    discard_pending();
+    return !inherited_changed(s);
+}
+
+/* A start that failed, or a RUN we could not take: if something of ours a leader
+ * inherits was changed from outside (another thread's command set our
+ * RLIMIT_NPROC or RLIMIT_NOFILE: the start failed for it), exit without a word.
+ * The core sees our end, and a run on a supervisor taken up again whose command
+ * never started goes once more on a fresh one (_native.execute, batch.c), where
+ * it starts.  Reported as a failure, it would fail every later run of the thread. */
+static void exit_if_changed(const struct sup *s)
+{
+    if (inherited_changed(s))
+        _exit(0);
+}
+
 /* ---- the leader's start -------------------------------------------------------- */
 
 /* The leader is reaped: let go of what its start kept (start_leader). */
@@ -369,7 +415,15 @@ static void end_start(struct sup *s)
     free(s->paths);
     free(s->envp);
     free(s->argv);
-    free(s->blob);
+    if (s->blob != NULL) {
+        free(s->blob);
+        /* A spec too large to come inline (argv and env past 48 KiB) raised our peak
+         * RSS, and a leader, which runs on our memory until its exec, takes our peak as
+         * the floor of its own (the kernel carries it over at exec): every later
+         * command's max_rss would start there.  Reset to what we hold now. */
+        if (s->clear_refs_fd >= 0)
+            (void)pwrite(s->clear_refs_fd, "5", 1, 0);
+    }
     s->paths = s->envp = s->argv = NULL;
     s->blob = NULL;
     if (s->exec_fd >= 0)
@@ -413,6 +467,7 @@ static void report_start_failed(struct sup *s)
 {
     int status = 0;
     (void)reap_one(s, s->leader, 0, &status);
+    exit_if_changed(s);
     send_simple(s, BP_MSG_SPAWN_FAILED, 0, s->report.stage, s->report.err);
     s->leader = 0;
     s->exited = 0;
@@ -436,7 +491,7 @@ static void finish_alone(struct sup *s)
     (void)reap_one(s, s->leader, 0, &status);
     end_start(s);
     m.status = status;
-    m.reusable = !inherited_changed(s);
+    m.reusable = run_end_reusable(s);
     m.utime_us = s->utime_us;
     m.stime_us = s->stime_us;
     m.maxrss_kb = s->maxrss_kb;
@@ -728,7 +783,7 @@ static void finish(struct sup *s, int64_t budget_ns, int report)
         left = refused >= 0 ? refused : left > 0 ? left : 1;
     }
     m.unkilled = (int32_t)left + unkillable;
-    m.reusable = found == 0 && !unkillable && !inherited_changed(s);
+    m.reusable = found == 0 && !unkillable && run_end_reusable(s);
     m.backstop = s->backstop_hit;
     m.utime_us = s->utime_us;
     m.stime_us = s->stime_us;
@@ -753,7 +808,9 @@ struct run_fds {
 static char inline_spec[BP_SPEC_INLINE_MAX + 1];
 
 /* One command; idle 0 (during a run): the inline spec buffer, which the
- * leader may still be reading, is not offered (a RUN then reads truncated). */
+ * leader may still be reading, is not offered (a RUN then reads truncated).
+ * Returns 0 (cmd->type 0: none to act on), -1 at the core's EOF, or 1 for a
+ * whole RUN whose fds could not be taken. */
 static int recv_cmd(struct sup *s, struct bp_sup_cmd *cmd, struct run_fds *fds, int idle)
 {
     char cbuf[CMSG_SPACE(sizeof(int) * 4)];
@@ -787,8 +844,11 @@ static int recv_cmd(struct sup *s, struct bp_sup_cmd *cmd, struct run_fds *fds, 
     if (n != (ssize_t)want || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
         for (int i = 0; i < ngot; i++)
             close(got[i]);
+        /* A RUN whose fds could not be taken (MSG_CTRUNC: out of fds) must still be
+         * answered, or the core waits for a start that never comes. */
+        int untaken = n == (ssize_t)want && cmd->type == BP_CMD_RUN;
         cmd->type = 0;
-        return 0;
+        return untaken;
     }
     if (cmd->type == BP_CMD_RUN) {
         int k = 0;
@@ -953,6 +1013,7 @@ static pid_t start_leader(struct sup *s, const struct bp_sup_cmd *cmd, struct ru
 
 fail:
     end_start(s);
+    exit_if_changed(s);
     send_simple(s, BP_MSG_SPAWN_FAILED, 0, stage, err);
     return 0;
 }
@@ -1199,6 +1260,7 @@ int main(int argc, char **argv)
      * run code in the process that starts every later command, or change what it shares
      * with the caller (the cwd and umask).  Root keeps CAP_SYS_PTRACE; each leader's
      * exec makes it dumpable again as any program is. */
+    s.clear_refs_fd = open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);  /* end_start */
     (void)prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (getppid() != s.caller)
         return 0;  /* the calling thread is already gone */
@@ -1241,9 +1303,13 @@ int main(int argc, char **argv)
         if (p[0].revents) {
             struct bp_sup_cmd cmd;
             struct run_fds fds;
-            if (recv_cmd(&s, &cmd, &fds, 1) < 0)
+            int got = recv_cmd(&s, &cmd, &fds, 1);
+            if (got < 0)
                 return 0;  /* the core let go */
-            if (cmd.type == BP_CMD_RUN) {
+            if (got == 1) {  /* a RUN we could not take: out of fds */
+                exit_if_changed(&s);
+                send_simple(&s, BP_MSG_SPAWN_FAILED, 0, BP_STAGE_SUPERVISOR, EMFILE);
+            } else if (cmd.type == BP_CMD_RUN) {
                 if (serve(&s, &cmd, &fds) < 0)
                     return 0;
             } else {

@@ -773,6 +773,64 @@ def test_a_command_of_the_supervisors_user_cannot_trace_it() -> None:
     assert data["stdout"] == "refused" and "Permission denied" in data["err"], data
 
 
+def test_signals_a_command_queues_to_its_supervisor_do_not_stay_pending() -> None:
+    """The supervisor blocks every signal and reads two: the real-time signals a command
+    queued to $PPID stayed pending for as long as it lived, each counted against the
+    user's RLIMIT_SIGPENDING (96,367 here), so a flood left every later command of the
+    user, and the caller, unable to queue one (timer_create: EAGAIN)."""
+    sigq = "print(open('/proc/self/status').read().split('SigQ:')[1].split('/')[0].strip())"
+    flood = ("import os, signal; p = os.getppid(); "
+             "[os.kill(p, signal.SIGRTMIN + 1) for _ in range(2000)]")
+    before = run([sys.executable, "-c", sigq], timeout=30)
+    (sup,) = _native.supervisor_pids()[-1:]
+    assert run([sys.executable, "-c", flood], timeout=60).ok
+    after = run([sys.executable, "-c", sigq], timeout=30)
+    assert _native.supervisor_pids()[-1:] == [sup]  # the same one, reused
+    assert int(after.stdout) < int(before.stdout) + 100, (before.stdout, after.stdout)
+
+
+def test_a_large_spec_does_not_raise_the_max_rss_of_the_runs_after_it() -> None:
+    """A leader runs on its supervisor's memory until its exec, and the kernel carries that
+    memory's peak RSS into the leader's: after one spec of 48 MiB (an argv refused with
+    E2BIG), every later `/bin/true` of the thread reported a max_rss of over 48 MiB."""
+    small = run(["/bin/true"], timeout=30)
+    big = run(["/bin/true", "x" * (48 << 20)], timeout=30)
+    assert not big.spawned and "E2BIG" in (big.runner_error or ""), big
+    after = run(["/bin/true"], timeout=30)
+    assert after.ok and after.max_rss < small.max_rss + (16 << 20), (small.max_rss, after.max_rss)
+
+
+def test_an_idle_supervisor_left_without_fds_is_replaced_within_the_run() -> None:
+    """Another thread's command may change an idle supervisor (it finds the pid through
+    /proc): `prlimit --pid SUP --nofile=9` left it unable to take the next RUN's fds; it
+    ignored the record, and the run waited for its deadline and 2 s more, then ran on a
+    fresh supervisor and said nothing of it (exit 0 after 7.2 s, timeout=5). It exits
+    now, and the run goes at once to a fresh one."""
+    sup = int(run(["sh", "-c", "echo $PPID"], timeout=30).stdout)
+    resource.prlimit(sup, resource.RLIMIT_NOFILE, (9, 9))
+    started = time.monotonic()
+    r = run(["echo", "hi"], timeout=5)
+    took = time.monotonic() - started
+    assert r.ok and r.stdout == b"hi\n" and not r.timed_out, r
+    assert took < 2, took
+    assert sup not in _native.supervisor_pids()
+
+
+def test_an_idle_supervisor_left_without_process_slots_is_replaced_not_failed() -> None:
+    """`prlimit --pid SUP --nproc=1` on another thread's idle supervisor (its user's): every
+    later run of that thread was `spawn failed: EAGAIN`, for good, since a failed start
+    never looked at whether the supervisor had been changed. It exits now, and the run
+    goes to a fresh one."""
+    data = as_nobody(textwrap.dedent("""
+        from boundedproc import run
+        sup = int(run(["sh", "-c", "echo $PPID"], timeout=30).stdout)
+        resource.prlimit(sup, resource.RLIMIT_NPROC, (1, 1))
+        rs = [run(["echo", "hi"], timeout=10) for _ in range(3)]
+        out = {"ok": [r.ok for r in rs], "errors": [r.runner_error for r in rs]}
+    """))
+    assert data == {"ok": [True] * 3, "errors": [None] * 3}, data
+
+
 def test_supervisor_killed_between_runs() -> None:
     """A supervisor SIGKILLed from outside between runs is replaced for the next run."""
     run(["true"])
