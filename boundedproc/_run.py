@@ -307,9 +307,9 @@ def run(
         on_overflow: Past the cap, ``"truncate"`` reads and discards the rest,
             ``"kill"`` kills the group at once (exit 137; ``keep="head"`` only).
         stdin: A payload written to the child's stdin (``str`` is UTF-8
-            encoded with surrogateescape, as ``cmd``), ``None`` for an empty stdin (EOF at once), ``DEVNULL``
-            or ``INHERIT`` (the caller's fd 0, for a command that reads the
-            terminal).
+            encoded with surrogateescape, as ``cmd``), ``None`` for an empty
+            stdin (EOF at once), ``DEVNULL`` or ``INHERIT`` (the caller's fd 0,
+            for a command that reads the terminal).
         cwd: Directory the child starts in.
         env: Variables for the child; a ``None`` value removes one (merge).
         env_mode: ``"merge"`` applies ``env`` over the caller's environment,

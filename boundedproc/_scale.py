@@ -748,7 +748,7 @@ _Task = tuple[_Slot, Any, dict[str, Any]] | None
 
 # The runner_error of a run refused for want of fds or of process slots (SPEC 2.1's stable
 # prefix): RLIMIT_NPROC counts the call's threads, supervisors and commands together.
-_OUT_OF_FDS = ("spawn failed: EMFILE", "spawn failed: ENFILE", "spawn failed: EAGAIN")
+_OUT_OF_ROOM = ("spawn failed: EMFILE", "spawn failed: ENFILE", "spawn failed: EAGAIN")
 
 
 class _FdShare:
@@ -780,7 +780,7 @@ class _FdShare:
             unchecked = {**options, "check": False} if options["check"] else options
             while True:
                 result: AnyResult = run(cmd, **unchecked)
-                if result.spawned or not (result.runner_error or "").startswith(_OUT_OF_FDS):
+                if result.spawned or not (result.runner_error or "").startswith(_OUT_OF_ROOM):
                     break
                 with self.cv:
                     others = self.running - self.waiting - 1
