@@ -271,7 +271,7 @@ static int run_once(struct bp_batch *b, int index, struct bp_sup **sup, struct i
  * commands all count against), before anything was spawned: its result is a
  * spawn failure with no output (so the run is already freed), or a supervisor
  * that could not start. */
-static int out_of_fds(const struct item *it)
+static int out_of_room(const struct item *it)
 {
     const struct bp_batch_done *d = &it->done;
     int err = d->rc == BP_BATCH_NO_SUPERVISOR ? d->err
@@ -346,7 +346,7 @@ static void run_item(struct bp_batch *b, int index, struct bp_sup **sup, struct 
             retried = 1;
             continue;
         }
-        if (!out_of_fds(it))
+        if (!out_of_room(it))
             return;
         int w = wait_for_fds(b, it, &tries_alone);
         if (w == 0)
@@ -699,7 +699,7 @@ static long open_fds(void)
  * (1,000 of 1,024), workers past it would hold supervisors that leave no fd
  * for any run's pipes, and every run would wait for fds (wait_for_fds) until
  * it came back EMFILE.  The open fds are counted (one read of /proc/self/fd,
- * about 20 us with a few dozen open) unless the limit is past 65,536 and the
+ * about 10 us with a few dozen open) unless the limit is past 65,536 and the
  * workers would need under half of it: there a caller has rarely opened the
  * rest, and the count would read what may be a very long list.  run_many's
  * Python workers, whose threads hold supervisors too, are capped by it as well
