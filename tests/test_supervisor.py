@@ -789,6 +789,8 @@ def test_signals_a_command_queues_to_its_supervisor_do_not_stay_pending() -> Non
     assert int(after.stdout) < int(before.stdout) + 100, (before.stdout, after.stdout)
 
 
+@pytest.mark.skipif(UNDER_ASAN, reason="ASan's allocator keeps freed memory resident "
+                    "(its quarantine): the reset peak is still high")
 def test_a_large_spec_does_not_raise_the_max_rss_of_the_runs_after_it() -> None:
     """A leader runs on its supervisor's memory until its exec, and the kernel carries that
     memory's peak RSS into the leader's: after one spec of 48 MiB (an argv refused with
