@@ -361,6 +361,12 @@ class RunControl:
             return False
         return bool(lib.bp_signal(self._run, sig) == 0)
 
+    def leader(self) -> int | None:
+        """The leader's pid once known (a contained leader's comes after its start: it
+        writes it into the page it shares with the supervisor just before its exec)."""
+        pid = 0 if self._run is None else int(lib.bp_run_pid(self._run))
+        return pid or None
+
 
 def stage_name(stage: int) -> str:
     """The syscall a ``BP_STAGE_*`` value names."""

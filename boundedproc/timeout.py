@@ -631,15 +631,52 @@ def _signal_bits(sigs: Iterable[int]) -> int:
 def _inherited_signals() -> tuple[int, int]:
     """The signals this process found ignored and its signal mask, each as bits
     (``_signal_bits``), read before anything here changes them; coreutils passes both on
-    to COMMAND (its child restores the mask it started with; exec keeps SIG_IGN)."""
+    to COMMAND (its child restores the mask it started with; exec keeps SIG_IGN).  SIGCHLD
+    is left out of the mask: coreutils unblocks it in itself, to wait with it, before it
+    takes the mask its child restores."""
     ignored = _signal_bits(sig for sig in signal.valid_signals()
                            if sig not in _PYTHON_IGNORES
                            and signal.getsignal(sig) == signal.SIG_IGN)
-    return ignored, _signal_bits(signal.pthread_sigmask(signal.SIG_BLOCK, ()))
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, ()) - {signal.SIGCHLD}
+    return ignored, _signal_bits(blocked)
 
 
 _RETRY = 0.001  # a signal that came while the command was being started: again after 1 ms
-_TSTP_GRACE = 0.05  # seconds between the SIGTSTP and the SIGSTOP of a Ctrl-Z (on_stop)
+_TSTP_GRACE = 0.25  # at most, between the SIGTSTP and the SIGSTOP of a Ctrl-Z (on_stop)
+
+
+def _proc_status_field(pid: int, name: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith(name + ":"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (unknown: True, the safe side)."""
+    caught = _proc_status_field(pid, "SigCgt")
+    return caught is None or bool(int(caught, 16) >> (sig - 1) & 1)
+
+
+def _stopped(pid: int) -> bool:
+    state = _proc_status_field(pid, "State")
+    return state is None or state[:1] in ("T", "t")  # gone counts as done waiting
+
+
+def _self_stop_signal() -> int:
+    """How to stop ourselves on Ctrl-Z: SIGTSTP, as a job is stopped, unless our process
+    group is orphaned (our parent is in another session: we are the COMMAND of another
+    boundedproc-timeout, or were started with setsid), where the kernel drops a SIGTSTP
+    without a handler and we would go on, continuing COMMAND: SIGSTOP then."""
+    try:
+        same = os.getsid(0) == os.getsid(os.getppid())
+    except OSError:
+        same = False
+    return signal.SIGTSTP if same else signal.SIGSTOP
 _MAX_ALARM = float(2**31)  # setitimer's reach, about 68 years; a longer wait is re-armed
 
 
@@ -765,8 +802,10 @@ class _Timeout:
             self.control.send_signal(sig)
         if sig == signal.SIGKILL and not self.args.foreground:
             self.sent_kill = True
-        if not self.args.foreground and sig not in (signal.SIGKILL, signal.SIGCONT):
-            # A stopped command acts on the signal only once continued.
+        if not self.args.foreground and sig not in (signal.SIGKILL, signal.SIGCONT,
+                                                    signal.SIGSTOP):
+            # A stopped command acts on the signal only once continued (`-s STOP` means
+            # stopped: coreutils' COMMAND stays so).
             self.control.send_signal(signal.SIGCONT)
         if kill_after > 0:
             self.schedule(kill_after, -1)
@@ -776,17 +815,23 @@ class _Timeout:
         if self.live():
             # COMMAND leads a session of its own, so its process group is
             # orphaned and the kernel drops a SIGTSTP it has no handler for:
-            # SIGSTOP is what stops it.  SIGTSTP goes first, and a moment
-            # before: a program that handles it (a full-screen one: less, vim,
-            # a readline prompt) restores the terminal as it would before a
-            # Ctrl-Z, instead of being stopped with it raw and confused after
-            # `fg`; SIGCONT then has it redraw.
+            # SIGSTOP is what stops it.  SIGTSTP goes first: a program that
+            # handles it gets to act on it.  One that stops itself then (another
+            # boundedproc-timeout, which stops its own COMMAND first) is waited
+            # for, up to _TSTP_GRACE; a full-screen one (less, vim) sets its
+            # terminal back, though its own stop is dropped too.  A COMMAND
+            # with no handler is stopped at once.
             self.control.send_signal(signal.SIGTSTP)
-            time.sleep(_TSTP_GRACE)
+            pid = self.control.leader()
+            if pid is not None and _catches(pid, signal.SIGTSTP):
+                until = time.monotonic() + _TSTP_GRACE
+                while time.monotonic() < until and not _stopped(pid):
+                    time.sleep(0.005)
             self.control.send_signal(signal.SIGSTOP)
+        stop = _self_stop_signal()
         signal.signal(signal.SIGTSTP, signal.SIG_DFL)
         try:
-            os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until SIGCONT
+            os.kill(os.getpid(), stop)  # stopped here until SIGCONT
         finally:
             signal.signal(signal.SIGTSTP, self.on_stop)
         if self.live():

@@ -210,6 +210,7 @@ int bp_start(const struct bp_spec *spec, struct bp_result *res, struct bp_sup *s
              struct bp_run **out);
 int bp_wait(struct bp_run *run);
 int bp_signal(struct bp_run *run, int sig);
+int bp_run_pid(struct bp_run *run);
 void bp_abort(struct bp_run *run);
 int bp_take_output(struct bp_run *run, int stream, unsigned char *dest, size_t len);
 int bp_chunk(struct bp_run *run, int *stream, const unsigned char **ptr, size_t *len);

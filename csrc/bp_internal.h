@@ -227,6 +227,7 @@ int bp__proc_dying(const char *name, char state, unsigned flags);
 ssize_t bp__read_small(const char *path, char *buf, size_t size);
 #endif
 void bp__sup_revive(struct bp_sup *sup);
+pid_t bp__sup_page_pid(const struct bp_run *run);
 void bp__sup_signal(struct bp_run *run, int sig);
 void bp__sup_event(struct bp_run *run);
 int bp__sup_reap(struct bp_run *run);

@@ -440,6 +440,17 @@ int bp_signal(struct bp_run *run, int sig)
     return 0;
 }
 
+/* bp_run_pid: the run's leader, once known; 0 before (a contained leader writes
+ * its pid into the page it shares with the supervisor just before its exec). */
+int bp_run_pid(struct bp_run *run)
+{
+    if (run == NULL)
+        return 0;
+    if (run->pid <= 0 && run->sup != NULL)
+        return (int)bp__sup_page_pid(run);
+    return run->pid > 0 ? (int)run->pid : 0;
+}
+
 /* How long finish() waits for the group's killed processes to be dead. */
 #define BP_DYING_CAP_NS 250000000LL
 /* How long only kill(-pgid, 0) is asked, before /proc is read. */

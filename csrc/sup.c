@@ -836,6 +836,17 @@ static pid_t leader_pid(struct bp_run *run)
     return run->pid;
 }
 
+/* What the shared page says of this run's leader (zeroed before RUN): its pid once it
+ * is at its exec, else 0.  Read only: the run takes it as its leader when the
+ * supervisor confirms the exec (leader_pid). */
+pid_t bp__sup_page_pid(const struct bp_run *run)
+{
+    if (run->sup == NULL || run->sup->page == NULL)
+        return 0;
+    pid_t pid = run->sup->page[0];
+    return pid > 0 ? pid : 0;
+}
+
 /* The leader exec'd (SPAWNED, or EXITED/FINAL, which come only after an exec):
  * the start is no longer pending.  pid: the message's, or 0 (then the page's). */
 static void exec_confirmed(struct bp_run *run, pid_t pid)
@@ -1136,6 +1147,12 @@ int bp__sup_reap(struct bp_run *run)
 }
 
 #else /* no supervisor on this system */
+
+pid_t bp__sup_page_pid(const struct bp_run *run)
+{
+    (void)run;
+    return 0;
+}
 
 int bp_sup_start(const char *path, char *const *envp, struct bp_sup **out, int *stage)
 {

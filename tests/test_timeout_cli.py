@@ -599,12 +599,16 @@ def _bits(*sigs: int) -> int:
 @pytest.mark.parametrize("term", [None, "USR2"])
 def test_the_inherited_mask_and_ignored_signals_reach_the_command(contain: bool,
                                                                   term: str | None) -> None:
-    """As coreutils' COMMAND: the signal mask we inherited, and the signals we found ignored
+    """As coreutils' COMMAND: the signal mask we inherited (SIGCHLD unblocked), and the
+    signals we found ignored
     but those coreutils catches (HUP here, and -s's signal), which are at their default.
     PIPE and XFSZ, which Python ignores at its start, are at their default (README)."""
     block = {signal.SIGUSR1, signal.SIGTERM, signal.SIGINT}
     ignore = {signal.SIGUSR2, signal.SIGHUP, signal.SIGWINCH}
-    prefix = exec_after(f"signal.pthread_sigmask(signal.SIG_BLOCK, {sorted(map(int, block))})\n"
+    # SIGCHLD blocked too: coreutils unblocks it in itself (it waits with it) before it
+    # takes the mask its COMMAND gets, so COMMAND has it unblocked.
+    blocked = sorted(map(int, block | {signal.SIGCHLD}))
+    prefix = exec_after(f"signal.pthread_sigmask(signal.SIG_BLOCK, {blocked})\n"
                         f"for s in {sorted(map(int, ignore))}: signal.signal(s, signal.SIG_IGN)")
     args = [*([] if contain else ["--no-contain"]), *(["-s", term] if term else []), "5",
             "cat", "/proc/self/status"]
@@ -622,6 +626,21 @@ def test_the_inherited_mask_and_ignored_signals_reach_the_command(contain: bool,
         not_ours = _bits(signal.SIGPIPE, signal.SIGXFSZ, 32, 33)
         assert _status_bits(theirs.stdout, b"SigBlk") == _bits(*block)
         assert _status_bits(theirs.stdout, b"SigIgn") & ~not_ours == _bits(*kept)
+
+
+def test_a_stop_signal_at_the_deadline_leaves_the_command_stopped(tmp_path: Path) -> None:
+    """`-s STOP`: coreutils' COMMAND is stopped at the deadline and stays so; ours got
+    SIGCONT right after (as every signal but KILL does, for a COMMAND stopped before it) and
+    ran to its end. With `-k`, KILL ends it."""
+    ticks = tmp_path / "ticks"
+    loop = f"while :; do echo tick >> {shlex.quote(str(ticks))}; sleep 0.05; done"
+    started = time.monotonic()
+    p = tcli("-s", "STOP", "-k", "1.5", "0.5", "sh", "-c", loop)
+    took = time.monotonic() - started
+    assert p.returncode == 137, p.stderr
+    assert took > 1.9, took  # the KILL came 1.5 s after the STOP; nothing ended it before
+    # Ticks stop at the deadline (0.5 s, about 10): none while stopped (1.5 s, about 30 more).
+    assert ticks.read_text().count("tick") < 20, ticks.read_text().count("tick")
 
 
 @pytest.mark.parametrize("args, status", [
@@ -1009,6 +1028,43 @@ def test_ctrl_z_lets_a_command_that_handles_sigtstp_handle_it(tmp_path: Path) ->
             f.write("go-on\n")
         p.send_signal(signal.SIGCONT)
         assert p.wait(60) == 0
+
+
+def test_ctrl_z_stops_the_command_of_a_nested_timeout_too(tmp_path: Path) -> None:
+    """`boundedproc-timeout 30 boundedproc-timeout 30 CMD`, Ctrl-Z: both timeouts stopped but
+    CMD ran on (and in a terminal read what was typed at the shell). The inner one leads a
+    session of its own, so its own SIGTSTP was dropped and it went straight on to continue
+    CMD; and the outer stopped it 50 ms after its SIGTSTP, whatever it was doing. The inner
+    stops itself with SIGSTOP there, and the outer waits for a COMMAND that handles SIGTSTP
+    to stop itself."""
+    ticks = tmp_path / "ticks"
+    loop = f"while :; do echo tick >> {shlex.quote(str(ticks))}; sleep 0.05; done"
+    p = subprocess.Popen([*CLI, "30", *CLI, "30", "sh", "-c", loop], env=importable_env())
+
+    def count() -> int:
+        return ticks.read_text().count("tick") if ticks.exists() else 0
+
+    try:
+        deadline = time.monotonic() + 30
+        while count() < 3:
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.02)
+        p.send_signal(signal.SIGTSTP)  # what the terminal sends on Ctrl-Z
+        while psutil.Process(p.pid).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.3)  # a tick under way lands
+        stopped_at = count()
+        time.sleep(1.0)
+        assert count() == stopped_at  # CMD is stopped too
+        p.send_signal(signal.SIGCONT)  # `fg`
+        while count() == stopped_at:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        p.send_signal(signal.SIGCONT)
+        p.send_signal(signal.SIGTERM)
+        p.wait(60)
 
 
 # --- coreutils' own tests ----------------------------------------------------------
