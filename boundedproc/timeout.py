@@ -643,6 +643,7 @@ def _inherited_signals() -> tuple[int, int]:
 
 _RETRY = 0.001  # a signal that came while the command was being started: again after 1 ms
 _TSTP_GRACE = 0.25  # at most, between the SIGTSTP and the SIGSTOP of a Ctrl-Z (on_stop)
+_MAX_ALARM = float(2**31)  # setitimer's reach, about 68 years; a longer wait is re-armed
 
 
 def _proc_status_field(pid: int, name: str) -> str | None:
@@ -677,7 +678,6 @@ def _self_stop_signal() -> int:
     except OSError:
         same = False
     return signal.SIGTSTP if same else signal.SIGSTOP
-_MAX_ALARM = float(2**31)  # setitimer's reach, about 68 years; a longer wait is re-armed
 
 
 class _Timeout:
